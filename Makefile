@@ -1,0 +1,41 @@
+# understudy — every entry point a developer or CI needs.
+GO        ?= go
+TAGS      := libvirt_dlopen
+BIN       := bin/understudy
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X understudy/runtime.Version=$(VERSION)
+BENCH     ?= .
+BENCHTIME ?= 1s
+
+.PHONY: all build run test test-deps lint bench clean
+
+all: build
+
+build:
+	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/understudy
+
+# The main job on the embedded default NATS, nothing to set up.
+run: build
+	./$(BIN) serve
+
+# Installs what the tests need (idempotent), lints, then runs every test
+# under the race detector.
+test: test-deps lint
+	$(GO) test -tags $(TAGS) -race -count=1 -timeout 20m ./...
+
+test-deps:
+	./scripts/install-test-deps.sh
+
+lint:
+	@out=$$(gofmt -l .); \
+	  if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+	$(GO) vet -tags $(TAGS) ./...
+	$(GO) tool staticcheck -tags $(TAGS) ./...
+
+# Benchmarks with their references in the same run; figures go to
+# docs/benchmarks.md. BENCH selects, BENCHTIME sets -benchtime.
+bench:
+	$(GO) test -tags $(TAGS) -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem -timeout 60m ./...
+
+clean:
+	rm -rf bin

@@ -1,0 +1,183 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"iter"
+	"time"
+)
+
+// Errors with stable identities. Callers use errors.Is.
+var (
+	// ErrConflict reports a lost optimistic-concurrency check: the expected
+	// last subject sequence (Log) or revision (KV) had moved. JetStream reports
+	// it as error 10071, or 10164 on a replicated stream; both map here.
+	// Re-read, then decide again; never blindly retry the same write.
+	ErrConflict = errors.New("events: conflict: expected sequence or revision has moved")
+
+	// ErrNotFound reports a key (KV) or sequence (Log) that does not exist.
+	ErrNotFound = errors.New("events: not found")
+
+	// ErrCorrupt is wrapped by *DecodeError: stored bytes are not a valid envelope.
+	ErrCorrupt = errors.New("events: corrupt event")
+
+	// ErrInvalid reports a subject, key or pattern that breaks NATS naming
+	// rules (empty tokens, whitespace, wildcards where none are allowed).
+	ErrInvalid = errors.New("events: invalid name")
+)
+
+// AppendOptions qualify one Log.Append.
+type AppendOptions struct {
+	// ExpectLastSubjectSeq, when ExpectSet is true, makes the append fail with
+	// ErrConflict unless the subject's last sequence equals it (0: the
+	// subject must be empty). This is what keeps a zombie writer from
+	// interleaving with its successor.
+	ExpectLastSubjectSeq uint64
+	ExpectSet            bool
+
+	// MsgID, when set, makes the append idempotent: a retry with the same id
+	// within the dedup window returns the original sequence with Duplicate set
+	// — even when the retry carries the same, now stale, expectation (a
+	// single NATS server checks the expectation first; both implementations
+	// guarantee Duplicate regardless).
+	MsgID string
+
+	// Headers are stored with the record. The map is read, not kept.
+	Headers map[string]string
+}
+
+// Expect returns options expecting the subject's last sequence to be seq.
+func Expect(seq uint64) AppendOptions {
+	return AppendOptions{ExpectLastSubjectSeq: seq, ExpectSet: true}
+}
+
+// Ack is the result of a successful append.
+type Ack struct {
+	Sequence  uint64
+	Duplicate bool // the MsgID was seen before; Sequence is the original one
+}
+
+// Record is one stored message as the server holds it.
+type Record struct {
+	Stream   string
+	Subject  string
+	Sequence uint64
+	Time     time.Time // server timestamp, UTC
+	Headers  map[string]string
+	Data     []byte // the encoded envelope
+}
+
+// ReadOptions select records from a Log.
+type ReadOptions struct {
+	// Subject filters by subject; NATS wildcards (* and >) are allowed.
+	// Empty means every subject of the log.
+	Subject string
+	// FromSeq starts at this stream sequence (0 or 1: the beginning).
+	FromSeq uint64
+	// FromTime, if non-zero, starts at the first record stored at or after it.
+	// It wins over FromSeq.
+	FromTime time.Time
+	// Follow keeps the read open after the records present at the start and
+	// yields new ones as they are appended (a live tail) until ctx ends.
+	// Without it the read ends after the last record present when it began.
+	Follow bool
+}
+
+// Log is an append-only stream of encoded events. Safe for concurrent use.
+type Log interface {
+	// Append encodes ev with the Log's codec and stores it on subject.
+	Append(ctx context.Context, subject string, ev Event, opts AppendOptions) (Ack, error)
+	// AppendRaw stores data (an encoded envelope, or bytes kept from an
+	// Unknown event) unchanged.
+	AppendRaw(ctx context.Context, subject string, data []byte, opts AppendOptions) (Ack, error)
+	// LastSequence returns the last sequence stored on subject (no
+	// wildcards), or 0 when the subject is empty.
+	LastSequence(ctx context.Context, subject string) (uint64, error)
+	// Read yields records in sequence order. A non-nil error ends the
+	// iteration; ctx cancellation ends it with ctx.Err() only when Follow is
+	// false (a followed read simply stops).
+	Read(ctx context.Context, opts ReadOptions) iter.Seq2[Record, error]
+	// Codec returns the registry used to encode and decode events.
+	Codec() *Registry
+}
+
+// Op is the kind of a KV entry.
+type Op int
+
+const (
+	OpPut Op = iota + 1
+	OpDelete
+	OpPurge
+)
+
+func (o Op) String() string {
+	switch o {
+	case OpPut:
+		return "put"
+	case OpDelete:
+		return "delete"
+	case OpPurge:
+		return "purge"
+	}
+	return "unset"
+}
+
+// Entry is one revision of a KV key.
+type Entry struct {
+	Bucket   string
+	Key      string
+	Value    []byte
+	Revision uint64    // stream sequence of this write; strictly increasing per bucket
+	Time     time.Time // server timestamp, UTC
+	Op       Op
+}
+
+// WatchOptions qualify KV.Watch.
+type WatchOptions struct {
+	// History delivers every retained revision of the matching keys first,
+	// instead of only the latest one per key.
+	History bool
+	// UpdatesOnly delivers no existing entries, only new writes (the
+	// zero-Entry marker still comes first). With History it wins.
+	UpdatesOnly bool
+}
+
+// Watcher delivers KV entries in revision order.
+type Watcher interface {
+	// Updates yields entries. A zero Entry (Revision 0) marks the end of the
+	// initial values; live updates follow it. The channel closes on Stop or
+	// when the watch fails.
+	Updates() <-chan Entry
+	// Stop ends the watch. Safe to call more than once.
+	Stop() error
+}
+
+// HistoryLimit is the number of revisions per key both implementations keep
+// in the buckets understudy provisions.
+const HistoryLimit = 64
+
+// KV is a revisioned key/value bucket. Keys are dot-separated tokens.
+// Safe for concurrent use.
+type KV interface {
+	// Get returns the latest entry of key, or ErrNotFound if it has none or
+	// was deleted.
+	Get(ctx context.Context, key string) (Entry, error)
+	// Create writes key only if it has no live value; ErrConflict otherwise.
+	Create(ctx context.Context, key string, value []byte) (uint64, error)
+	// Update writes key only if its latest revision is lastRevision;
+	// ErrConflict otherwise. This is the compare-and-set that decides
+	// leadership.
+	Update(ctx context.Context, key string, value []byte, lastRevision uint64) (uint64, error)
+	// Put writes key unconditionally.
+	Put(ctx context.Context, key string, value []byte) (uint64, error)
+	// Delete marks key deleted (history is kept).
+	Delete(ctx context.Context, key string) error
+	// History returns the retained revisions of key, oldest first;
+	// ErrNotFound if none.
+	History(ctx context.Context, key string) ([]Entry, error)
+	// Watch follows keys matching pattern (a key, or with * and >
+	// wildcards: "pg-main.>").
+	Watch(ctx context.Context, pattern string, opts WatchOptions) (Watcher, error)
+	// Bucket is the bucket's name.
+	Bucket() string
+}

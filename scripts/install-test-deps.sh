@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the system packages the test suite needs, idempotently. A fresh
+# machine has only Go and gcc; everything else is brought in here.
+set -euo pipefail
+
+need=()
+# (populated as capabilities need them: libvirt0, postgresql, chromium, ...)
+
+missing=()
+for pkg in "${need[@]:-}"; do
+  [ -z "$pkg" ] && continue
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+# Go modules (including the pinned staticcheck tool) come from go.mod.
+go mod download
