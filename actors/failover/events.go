@@ -1,0 +1,342 @@
+package failover
+
+import (
+	"time"
+
+	"understudy/events"
+)
+
+// Phase is where a member stands. Only PhaseLeader serves.
+type Phase int
+
+const (
+	// PhaseStarting: just (re)started; a fence runs before anything else.
+	PhaseStarting Phase = iota + 1
+	// PhaseFollower: does not hold the register; heartbeats its own key,
+	// watches the leader, promotes when the leader is stale.
+	PhaseFollower
+	// PhaseAcquiring: a CAS to take the register is in flight.
+	PhaseAcquiring
+	// PhasePromoting: holds the register; the promote procedure runs.
+	PhasePromoting
+	// PhaseLeader: holds the register and serves.
+	PhaseLeader
+	// PhaseFencing: the fence procedure runs; the member does not serve.
+	PhaseFencing
+	// PhaseSuspended: holds the register but is fenced; it heartbeats and
+	// unfences after success_threshold consecutive successes.
+	PhaseSuspended
+	// PhaseDemoting: clean demotion; the demote procedure runs.
+	PhaseDemoting
+	// PhaseReleasing: demoted; writing leader = none by CAS.
+	PhaseReleasing
+)
+
+var phaseNames = [...]string{"unset", "starting", "follower", "acquiring", "promoting", "leader", "fencing", "suspended", "demoting", "releasing"}
+
+func (p Phase) String() string {
+	if p < 0 || int(p) >= len(phaseNames) {
+		return "unset"
+	}
+	return phaseNames[p]
+}
+
+// holds reports whether a member in this phase heartbeats the register.
+func (p Phase) holds() bool {
+	switch p {
+	case PhasePromoting, PhaseLeader, PhaseSuspended, PhaseDemoting, PhaseReleasing:
+		return true
+	}
+	return false
+}
+
+// FenceReason says why a member fences.
+type FenceReason int
+
+const (
+	FenceRestart           FenceReason = iota + 1 // every start comes up fenced
+	FenceHeartbeatFailures                        // failure_threshold consecutive failures
+	FenceLostRegister                             // someone else wrote the register
+	FenceDemoteFailed                             // the clean demotion's procedure failed
+)
+
+func (r FenceReason) String() string {
+	switch r {
+	case FenceRestart:
+		return "restart"
+	case FenceHeartbeatFailures:
+		return "heartbeat-failures"
+	case FenceLostRegister:
+		return "lost-register"
+	case FenceDemoteFailed:
+		return "demote-failed"
+	}
+	return "unset"
+}
+
+// AfterFence says what a member does once its fence procedure completed.
+type AfterFence int
+
+const (
+	AfterSuspend AfterFence = iota + 1 // keep holding the register, fenced
+	AfterFollow                        // follow the new leader
+	AfterResume                        // look at the register: hold if it names us, else follow
+	AfterRelease                       // write leader = none
+)
+
+func (a AfterFence) String() string {
+	switch a {
+	case AfterSuspend:
+		return "suspend"
+	case AfterFollow:
+		return "follow"
+	case AfterResume:
+		return "resume"
+	case AfterRelease:
+		return "release"
+	}
+	return "unset"
+}
+
+// AcquireReason says why a follower tries to take the register.
+type AcquireReason int
+
+const (
+	AcquireStale     AcquireReason = iota + 1 // the leader's writes are older than failover_timeout
+	AcquireHandoff                            // leader = none names us (demotion handshake)
+	AcquireBootstrap                          // the register was never written
+	AcquireVacant                             // leader = none and we are the preferred primary
+)
+
+func (r AcquireReason) String() string {
+	switch r {
+	case AcquireStale:
+		return "stale"
+	case AcquireHandoff:
+		return "handoff"
+	case AcquireBootstrap:
+		return "bootstrap"
+	case AcquireVacant:
+		return "vacant"
+	}
+	return "unset"
+}
+
+// DemoteReason says why a leader steps down cleanly.
+type DemoteReason int
+
+const (
+	DemoteFailback      DemoteReason = iota + 1 // the preferred primary is back (failback: auto)
+	DemoteSwitchover                            // an operator asked for it
+	DemotePromoteFailed                         // the promote procedure failed
+	DemoteShutdown                              // the host is stopping
+)
+
+func (r DemoteReason) String() string {
+	switch r {
+	case DemoteFailback:
+		return "failback"
+	case DemoteSwitchover:
+		return "switchover"
+	case DemotePromoteFailed:
+		return "promote-failed"
+	case DemoteShutdown:
+		return "shutdown"
+	}
+	return "unset"
+}
+
+// The member's durable events, appended to ev.failover.<pair>.<site>.
+// Each records a transition; Apply folds them into the member's state.
+
+// Started: the member (re)started and comes up fenced.
+type Started struct {
+	Pair  string `msgpack:"pair"`
+	Site  string `msgpack:"site"`
+	Rules Rules  `msgpack:"rules"`
+}
+
+// FenceRequested: the member stops serving and runs its fence procedure.
+type FenceRequested struct {
+	Seq    uint64      `msgpack:"seq"` // procedure sequence; results carry it back
+	Reason FenceReason `msgpack:"why"`
+	Term   uint64      `msgpack:"term"`
+	Then   AfterFence  `msgpack:"then"`
+}
+
+// Fenced: the fence procedure completed.
+type Fenced struct {
+	Seq uint64 `msgpack:"seq"`
+}
+
+// FenceFailed: every step of the fence procedure failed; it is retried.
+type FenceFailed struct {
+	Seq    uint64 `msgpack:"seq"`
+	Detail string `msgpack:"detail"`
+}
+
+// HeartbeatFailed: a register write failed (timeout, error or own-write conflict).
+type HeartbeatFailed struct {
+	Term     uint64 `msgpack:"term"`
+	Failures int    `msgpack:"n"` // consecutive, including this one
+	Cause    string `msgpack:"cause"`
+}
+
+// HeartbeatRecovered: a register write succeeded after failures.
+type HeartbeatRecovered struct {
+	Term          uint64 `msgpack:"term"`
+	AfterFailures int    `msgpack:"after"`
+}
+
+// AcquireAttempted: a follower tries to take the register by CAS.
+type AcquireAttempted struct {
+	Reason    AcquireReason `msgpack:"why"`
+	Term      uint64        `msgpack:"term"` // the term it would hold
+	ExpectRev uint64        `msgpack:"expect"`
+	Stale     time.Duration `msgpack:"stale,omitempty"` // server-time staleness it saw
+}
+
+// Promoted: the CAS won; the member holds the register and promotes.
+type Promoted struct {
+	Seq    uint64        `msgpack:"seq"`
+	Term   uint64        `msgpack:"term"`
+	Rev    uint64        `msgpack:"rev"`
+	Reason AcquireReason `msgpack:"why"`
+	// Planned: an operator handed leadership here; failback: auto leaves it.
+	Planned bool `msgpack:"planned,omitempty"`
+}
+
+// PromotionRejected: the CAS lost: the register moved since the member saw it.
+type PromotionRejected struct {
+	Term       uint64 `msgpack:"term"`
+	ExpectRev  uint64 `msgpack:"expect"`
+	CurrentRev uint64 `msgpack:"cur_rev,omitempty"`
+	Current    Leader `msgpack:"cur"`
+}
+
+// AcquireFailed: the acquire write failed or timed out without an answer.
+type AcquireFailed struct {
+	Term  uint64 `msgpack:"term"`
+	Cause string `msgpack:"cause"`
+}
+
+// Resumed: the register names this member though it did not know it held
+// it (restart, or an acquire whose answer was lost); it holds it fenced.
+type Resumed struct {
+	Term uint64 `msgpack:"term"`
+	Rev  uint64 `msgpack:"rev"`
+}
+
+// Unfenced: success_threshold consecutive heartbeats while suspended; the
+// member promotes again in the same term.
+type Unfenced struct {
+	Seq  uint64 `msgpack:"seq"`
+	Term uint64 `msgpack:"term"`
+}
+
+// ServingStarted: the promote procedure completed; the member serves.
+type ServingStarted struct {
+	Seq  uint64 `msgpack:"seq"`
+	Term uint64 `msgpack:"term"`
+}
+
+// PromoteFailed: the promote procedure failed.
+type PromoteFailed struct {
+	Seq    uint64 `msgpack:"seq"`
+	Detail string `msgpack:"detail"`
+}
+
+// LeadershipLost: another writer holds the register; the member fences and
+// never heartbeats this term again.
+type LeadershipLost struct {
+	Term   uint64 `msgpack:"term"`
+	Rev    uint64 `msgpack:"rev"`
+	Holder Leader `msgpack:"holder"`
+}
+
+// DemotionRequested: clean demotion starts (stop serving, then leader = none).
+type DemotionRequested struct {
+	Seq     uint64       `msgpack:"seq"`
+	Reason  DemoteReason `msgpack:"why"`
+	Handoff string       `msgpack:"to,omitempty"`
+}
+
+// Demoted: the demote procedure completed; the member no longer serves.
+type Demoted struct {
+	Seq uint64 `msgpack:"seq"`
+}
+
+// DemoteFailed: the demote procedure failed; the member escalates to fencing.
+type DemoteFailed struct {
+	Seq    uint64 `msgpack:"seq"`
+	Detail string `msgpack:"detail"`
+}
+
+// Released: leader = none written; the member follows.
+type Released struct {
+	Term    uint64 `msgpack:"term"`
+	Rev     uint64 `msgpack:"rev"`
+	Handoff string `msgpack:"to,omitempty"`
+}
+
+// ConfigApplied: new rules from <pair>.config are in force.
+type ConfigApplied struct {
+	Rev   uint64 `msgpack:"rev"`
+	Rules Rules  `msgpack:"rules"`
+}
+
+// ConfigRejected: rules from <pair>.config broke a rule; the old ones stay.
+type ConfigRejected struct {
+	Rev   uint64 `msgpack:"rev"`
+	Field string `msgpack:"field"`
+	Rule  string `msgpack:"rule"`
+	Value string `msgpack:"value"`
+}
+
+// SwitchoverAccepted: the leader starts a clean demotion towards To.
+type SwitchoverAccepted struct {
+	ID string `msgpack:"id"`
+	To string `msgpack:"to"`
+}
+
+func (*Started) EventType() string            { return "failover.started" }
+func (*FenceRequested) EventType() string     { return "failover.fence_requested" }
+func (*Fenced) EventType() string             { return "failover.fenced" }
+func (*FenceFailed) EventType() string        { return "failover.fence_failed" }
+func (*HeartbeatFailed) EventType() string    { return "failover.heartbeat_failed" }
+func (*HeartbeatRecovered) EventType() string { return "failover.heartbeat_recovered" }
+func (*AcquireAttempted) EventType() string   { return "failover.acquire_attempted" }
+func (*Promoted) EventType() string           { return "failover.promoted" }
+func (*PromotionRejected) EventType() string  { return "failover.promotion_rejected" }
+func (*AcquireFailed) EventType() string      { return "failover.acquire_failed" }
+func (*Resumed) EventType() string            { return "failover.resumed" }
+func (*Unfenced) EventType() string           { return "failover.unfenced" }
+func (*ServingStarted) EventType() string     { return "failover.serving_started" }
+func (*PromoteFailed) EventType() string      { return "failover.promote_failed" }
+func (*LeadershipLost) EventType() string     { return "failover.leadership_lost" }
+func (*DemotionRequested) EventType() string  { return "failover.demotion_requested" }
+func (*Demoted) EventType() string            { return "failover.demoted" }
+func (*DemoteFailed) EventType() string       { return "failover.demote_failed" }
+func (*Released) EventType() string           { return "failover.released" }
+func (*ConfigApplied) EventType() string      { return "failover.config_applied" }
+func (*ConfigRejected) EventType() string     { return "failover.config_rejected" }
+func (*SwitchoverAccepted) EventType() string { return "failover.switchover_accepted" }
+
+// RegisterEvents adds the member's event types (schema version 1) to reg.
+func RegisterEvents(reg *events.Registry) error {
+	for _, ev := range []events.Event{
+		&Started{}, &FenceRequested{}, &Fenced{}, &FenceFailed{}, &HeartbeatFailed{},
+		&HeartbeatRecovered{}, &AcquireAttempted{}, &Promoted{}, &PromotionRejected{},
+		&AcquireFailed{}, &Resumed{}, &Unfenced{}, &ServingStarted{}, &PromoteFailed{},
+		&LeadershipLost{}, &DemotionRequested{}, &Demoted{}, &DemoteFailed{}, &Released{},
+		&ConfigApplied{}, &ConfigRejected{}, &SwitchoverAccepted{},
+	} {
+		if err := reg.Register(ev, 1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Subject is the event subject of one member.
+func Subject(pair, site string) string { return "ev.failover." + pair + "." + site }

@@ -1,0 +1,123 @@
+package failover
+
+import "time"
+
+// Input is something the host tells a member. Every input is handed to
+// Member.Step together with the local monotonic time at which it arrived.
+type Input interface{ isInput() }
+
+// Tick lets time pass; the host sends one at Member.NextWake or sooner.
+type Tick struct{}
+
+// Shutdown asks a member that leads to hand over cleanly before its host
+// stops: clean demotion, then leader = none naming the other member. A
+// member that does not lead ignores it.
+type Shutdown struct{}
+
+// Synced says the watch has delivered every existing entry of the pair's
+// keys; what follows is live.
+type Synced struct{}
+
+// WriteErr classifies a failed KV write.
+type WriteErr int
+
+const (
+	WriteOK          WriteErr = iota + 1
+	WriteConflict             // CAS lost: the revision had moved (NATS 10071/10164), or Create on an existing key
+	WriteUnavailable          // NATS unreachable, or any other error: the write did not land as far as we know
+)
+
+func (e WriteErr) String() string {
+	switch e {
+	case WriteOK:
+		return "ok"
+	case WriteConflict:
+		return "conflict"
+	case WriteUnavailable:
+		return "unavailable"
+	}
+	return "unset"
+}
+
+// WriteResult answers a Write of a Ready.
+type WriteResult struct {
+	Op       uint64
+	Err      WriteErr
+	Revision uint64 // with WriteOK
+	Time     time.Time
+	// Current is the register as read after a WriteConflict on the leader
+	// key (nil if it could not be read), so the member can tell its own late
+	// write from another writer.
+	Current *LeaderEntry
+	Cause   string // human detail of a failure
+}
+
+// LeaderEntry is one observed revision of the leadership register.
+type LeaderEntry struct {
+	Rev   uint64
+	Time  time.Time // server timestamp
+	Value Leader
+}
+
+// LeaderObserved is a new revision of <pair>.leader seen on the watch.
+type LeaderObserved struct{ Entry LeaderEntry }
+
+// HeartbeatObserved is a new revision of <pair>.hb.<site> seen on the watch.
+type HeartbeatObserved struct {
+	Rev   uint64
+	Time  time.Time
+	Value Heartbeat
+}
+
+// ConfigObserved is a new revision of <pair>.config. DecodeErr is set when
+// the stored bytes could not be decoded (the change is then rejected).
+type ConfigObserved struct {
+	Rev       uint64
+	Rules     Rules
+	DecodeErr string
+}
+
+// SwitchoverObserved is an operator's switchover request seen on the watch.
+type SwitchoverObserved struct {
+	Rev     uint64
+	Request Switchover
+}
+
+// ProcKind is a procedure chain run by the member's resource.
+type ProcKind int
+
+const (
+	ProcFence ProcKind = iota + 1
+	ProcPromote
+	ProcDemote
+)
+
+func (k ProcKind) String() string {
+	switch k {
+	case ProcFence:
+		return "fence"
+	case ProcPromote:
+		return "promote"
+	case ProcDemote:
+		return "demote"
+	}
+	return "unset"
+}
+
+// ProcedureResult answers a Procedure of a Ready.
+type ProcedureResult struct {
+	Kind   ProcKind
+	Seq    uint64
+	OK     bool
+	Detail string
+}
+
+func (Tick) isInput()               {}
+func (Synced) isInput()             {}
+func (Shutdown) isInput()           {}
+func (WriteResult) isInput()        {}
+func (LeaderObserved) isInput()     {}
+func (HeartbeatObserved) isInput()  {}
+func (ConfigObserved) isInput()     {}
+func (SwitchoverObserved) isInput() {}
+func (ProcedureResult) isInput()    {}

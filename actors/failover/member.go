@@ -1,0 +1,822 @@
+package failover
+
+import (
+	"fmt"
+	"time"
+
+	"understudy/actors"
+	"understudy/events"
+)
+
+// WriteKind says what a Write is for.
+type WriteKind int
+
+const (
+	WriteBeat       WriteKind = iota + 1 // holder's heartbeat: CAS on its own last revision
+	WriteAcquire                         // follower's promotion (CAS, or Create when ExpectRev is 0)
+	WriteRelease                         // clean demotion: leader = none, CAS on own last revision
+	WriteMemberBeat                      // a member's own heartbeat key, plain put
+)
+
+func (k WriteKind) String() string {
+	switch k {
+	case WriteBeat:
+		return "beat"
+	case WriteAcquire:
+		return "acquire"
+	case WriteRelease:
+		return "release"
+	case WriteMemberBeat:
+		return "member-beat"
+	}
+	return "unset"
+}
+
+// Write is a KV write the host must issue and answer with a WriteResult
+// carrying Op. A write with Put set is unconditional; otherwise it is a
+// compare-and-set on ExpectRev, where 0 means "create: the key must not exist".
+type Write struct {
+	Op        uint64
+	Kind      WriteKind
+	Key       string
+	Value     []byte
+	Put       bool
+	ExpectRev uint64
+	// Deadline is the local monotonic time after which the member counts the
+	// write as failed; the host should cancel it then.
+	Deadline time.Duration
+	Leader   Leader    // decoded Value of leader writes
+	Beat     Heartbeat // decoded Value of member heartbeats
+}
+
+// Procedure asks the host to run the member's resource procedure chain
+// and answer with a ProcedureResult carrying Kind and Seq.
+type Procedure struct {
+	Kind ProcKind
+	Seq  uint64
+}
+
+// Ready is what one Step hands back: durable events to append (in order;
+// already applied to the member), writes to issue, procedures to run.
+type Ready struct {
+	Events     []events.Event
+	Writes     []Write
+	Procedures []Procedure
+}
+
+// Empty reports whether there is nothing to do.
+func (r Ready) Empty() bool {
+	return len(r.Events) == 0 && len(r.Writes) == 0 && len(r.Procedures) == 0
+}
+
+// Options change how a member checks its rules.
+type Options struct {
+	// AllowUnsafe accepts rules that break the safety inequality (the
+	// simulator uses it to prove that its checker finds the split brain).
+	AllowUnsafe bool
+}
+
+type pendingWrite struct {
+	op       uint64
+	kind     WriteKind
+	expect   uint64
+	deadline time.Duration
+	leader   Leader
+}
+
+// lateKeep bounds how many timed-out writes a member remembers, to adopt the
+// revision of one that lands late.
+const lateKeep = 8
+
+// Member is one member of a failover pair. It is not safe for concurrent
+// use: its host feeds it one input at a time.
+type Member struct {
+	site string
+	opts Options
+
+	// Durable state, folded from events by Apply.
+	rules          Rules
+	rulesRev       uint64
+	phase          Phase
+	term           uint64
+	then           AfterFence
+	fenceReason    FenceReason
+	procSeq        uint64
+	procKind       ProcKind
+	handoff        string
+	lostTerm       uint64
+	lastSwitchover string
+	plannedLead    bool // leadership came from an operator's switchover
+	demoteReason   DemoteReason
+
+	// Volatile state, rebuilt from observations after a restart.
+	now          time.Duration
+	synced       bool
+	syncedAt     time.Duration
+	leader       LeaderEntry
+	leaderKnown  bool
+	leaderSeenAt time.Duration
+	ownBeatTime  time.Time
+	ownBeatRev   uint64
+	lastRev      uint64 // revision of this member's own last landed register write
+	beat         uint64
+	memberBeat   uint64
+	inflight     *pendingWrite
+	late         []pendingWrite
+	memberOp     uint64
+	memberDue    time.Duration
+	nextBeatAt   time.Duration
+	nextMemberAt time.Duration
+	failures     int
+	successes    int
+	prefCount    int
+	prefLast     time.Time
+	memberOK     int       // consecutive own heartbeats acknowledged in time
+	fencedSince  time.Time // server time of the first write of the current fenced run of the holder
+	fencedSeenAt time.Duration
+	fenceFailed  bool
+	fenceRetryAt time.Duration
+	opSeq        uint64
+	acq          struct {
+		reason  AcquireReason
+		planned bool // taking over a switchover's handoff
+	}
+
+	out Ready
+}
+
+// NewMember returns the member of rules' pair on site. The rules are
+// validated (with the safety inequality unless opts.AllowUnsafe).
+func NewMember(site string, rules Rules, opts Options) (*Member, error) {
+	if err := checkRules(rules, opts); err != nil {
+		return nil, err
+	}
+	if !rules.Has(site) {
+		return nil, &actors.ConfigError{Field: "site", Rule: fmt.Sprintf("must be a member of pair %s (%s or %s)", rules.Pair, rules.Primary, rules.Replica), Value: site}
+	}
+	return &Member{site: site, opts: opts, rules: rules}, nil
+}
+
+func checkRules(r Rules, opts Options) error {
+	if opts.AllowUnsafe {
+		return r.ValidateShape()
+	}
+	return r.Validate()
+}
+
+// Site is the member's site.
+func (m *Member) Site() string { return m.site }
+
+// Rules are the rules in force.
+func (m *Member) Rules() Rules { return m.rules }
+
+// Phase is the member's phase.
+func (m *Member) Phase() Phase { return m.phase }
+
+// Term is the term the member holds or last held.
+func (m *Member) Term() uint64 { return m.term }
+
+// Serving reports whether the member serves (phase leader).
+func (m *Member) Serving() bool { return m.phase == PhaseLeader }
+
+// Holding reports whether the member holds (or still writes) the register.
+func (m *Member) Holding() bool { return m.holding() }
+
+// LostTerm is the last term in which the member saw its CAS lost (0: never).
+func (m *Member) LostTerm() uint64 { return m.lostTerm }
+
+// Failures is the count of consecutive failed register writes.
+func (m *Member) Failures() int { return m.failures }
+
+// Start begins a (re)started member's life: it comes up fenced. Call it
+// once, after folding the member's logged events with Apply.
+func (m *Member) Start(now time.Duration) Ready {
+	*m = Member{
+		site: m.site, opts: m.opts, rules: m.rules, rulesRev: m.rulesRev,
+		term: m.term, procSeq: m.procSeq, lostTerm: m.lostTerm, lastSwitchover: m.lastSwitchover,
+		now: now,
+	}
+	m.emit(&Started{Pair: m.rules.Pair, Site: m.site, Rules: m.rules})
+	m.fence(FenceRestart, AfterResume)
+	m.tick()
+	return m.flush()
+}
+
+// Step feeds one input that arrived at local monotonic time now.
+func (m *Member) Step(now time.Duration, in Input) Ready {
+	if now > m.now {
+		m.now = now
+	}
+	switch in := in.(type) {
+	case Tick:
+	case Synced:
+		if !m.synced {
+			m.synced, m.syncedAt = true, m.now
+			if !m.leaderKnown {
+				m.leaderSeenAt = m.now
+			}
+		}
+	case WriteResult:
+		m.onWriteResult(in)
+	case LeaderObserved:
+		m.onLeader(in.Entry)
+	case HeartbeatObserved:
+		m.onMemberBeat(in)
+	case ConfigObserved:
+		m.onConfig(in)
+	case SwitchoverObserved:
+		m.onSwitchover(in)
+	case ProcedureResult:
+		m.onProcedure(in)
+	case Shutdown:
+		switch m.phase {
+		case PhaseLeader, PhasePromoting, PhaseSuspended:
+			m.demote(DemoteShutdown, m.rules.Other(m.site))
+		}
+	}
+	m.tick()
+	return m.flush()
+}
+
+// NextWake is the local monotonic time at which the member next needs a
+// Tick (the host may tick sooner).
+func (m *Member) NextWake() time.Duration {
+	next := m.now + m.rules.HeartbeatTimeout
+	consider := func(t time.Duration) {
+		if t > m.now && t < next {
+			next = t
+		}
+	}
+	if m.inflight != nil {
+		consider(m.inflight.deadline)
+	}
+	if m.memberOp != 0 {
+		consider(m.memberDue)
+	}
+	if m.holding() {
+		consider(m.nextBeatAt)
+	} else {
+		consider(m.nextMemberAt)
+	}
+	if m.fenceFailed {
+		consider(m.fenceRetryAt)
+	}
+	if m.phase == PhaseFollower && m.synced {
+		consider(m.leaderSeenAt + m.rules.FailoverTimeout + 1)
+	}
+	return next
+}
+
+func (m *Member) flush() Ready {
+	r := m.out
+	m.out = Ready{}
+	return r
+}
+
+func (m *Member) emit(ev events.Event) {
+	m.Apply(ev)
+	m.out.Events = append(m.out.Events, ev)
+}
+
+// Apply folds one durable event into the member's state. Step calls it for
+// the events it emits; a host calls it to replay the member's log before Start.
+func (m *Member) Apply(ev events.Event) {
+	switch e := ev.(type) {
+	case *Started:
+		m.phase = PhaseStarting
+		m.rules = e.Rules
+	case *FenceRequested:
+		m.phase, m.procSeq, m.procKind = PhaseFencing, e.Seq, ProcFence
+		m.then, m.fenceReason = e.Then, e.Reason
+	case *Fenced:
+		switch m.then {
+		case AfterSuspend:
+			m.phase = PhaseSuspended
+		case AfterRelease:
+			m.phase = PhaseReleasing
+		default:
+			m.phase = PhaseFollower
+		}
+	case *AcquireAttempted:
+		m.phase = PhaseAcquiring
+	case *Promoted:
+		m.phase, m.term, m.procSeq, m.procKind = PhasePromoting, e.Term, e.Seq, ProcPromote
+		m.plannedLead = e.Planned
+	case *PromotionRejected, *AcquireFailed:
+		m.phase = PhaseFollower
+	case *Resumed:
+		m.phase, m.term = PhaseSuspended, e.Term
+	case *Unfenced:
+		m.phase, m.procSeq, m.procKind = PhasePromoting, e.Seq, ProcPromote
+	case *ServingStarted:
+		m.phase = PhaseLeader
+	case *LeadershipLost:
+		m.lostTerm = e.Term
+		if m.phase == PhaseSuspended || m.phase == PhaseReleasing {
+			m.phase = PhaseFollower // already not serving: nothing to fence
+		}
+	case *DemotionRequested:
+		m.phase, m.procSeq, m.procKind, m.handoff = PhaseDemoting, e.Seq, ProcDemote, e.Handoff
+		m.demoteReason = e.Reason
+	case *Demoted:
+		m.phase = PhaseReleasing
+	case *Released:
+		m.phase, m.handoff = PhaseFollower, ""
+	case *ConfigApplied:
+		m.rules, m.rulesRev = e.Rules, e.Rev
+	case *ConfigRejected:
+		m.rulesRev = e.Rev
+	case *SwitchoverAccepted:
+		m.lastSwitchover = e.ID
+	}
+}
+
+// holding reports whether the member writes the register: it holds it, or
+// it fences while still holding it.
+func (m *Member) holding() bool {
+	return m.phase.holds() || (m.phase == PhaseFencing && (m.then == AfterSuspend || m.then == AfterRelease))
+}
+
+func (m *Member) mine(l Leader) bool { return l.Site == m.site && l.Term == m.term }
+
+func (m *Member) nextOp() uint64 { m.opSeq++; return m.opSeq }
+
+func (m *Member) fence(reason FenceReason, then AfterFence) {
+	m.procSeq++
+	m.fenceFailed = false
+	m.emit(&FenceRequested{Seq: m.procSeq, Reason: reason, Term: m.term, Then: then})
+	m.out.Procedures = append(m.out.Procedures, Procedure{Kind: ProcFence, Seq: m.procSeq})
+}
+
+func (m *Member) tick() {
+	if m.inflight != nil && m.now >= m.inflight.deadline {
+		w := *m.inflight
+		m.inflight = nil
+		m.late = append(m.late, w)
+		if len(m.late) > lateKeep {
+			m.late = m.late[1:]
+		}
+		m.onLeaderWriteFailed(w, "timeout: no answer within heartbeat_timeout")
+	}
+	if m.memberOp != 0 && m.now >= m.memberDue {
+		m.memberOp, m.memberOK = 0, 0
+	}
+	if m.fenceFailed && m.phase == PhaseFencing && m.now >= m.fenceRetryAt {
+		m.fence(m.fenceReason, m.then)
+	}
+	if m.holding() {
+		if m.inflight == nil && m.now >= m.nextBeatAt {
+			m.writeRegister()
+		}
+	} else if m.memberOp == 0 && m.now >= m.nextMemberAt {
+		m.writeMemberBeat()
+	}
+	switch m.phase {
+	case PhaseFollower:
+		m.maybeResume()
+		if m.phase == PhaseFollower {
+			m.maybeAcquire()
+		}
+	case PhaseLeader:
+		m.maybeFailback()
+	}
+}
+
+// advance keeps a fixed cadence: the next write is one interval after the
+// previous one was due, or one interval from now if we fell behind.
+func (m *Member) advance(due time.Duration) time.Duration {
+	next := due + m.rules.HeartbeatTimeout
+	if next <= m.now {
+		next = m.now + m.rules.HeartbeatTimeout
+	}
+	return next
+}
+
+func (m *Member) writeRegister() {
+	var w Write
+	if m.phase == PhaseReleasing {
+		l := Leader{Term: m.term, Handoff: m.handoff, Planned: m.demoteReason == DemoteSwitchover}
+		w = Write{Kind: WriteRelease, Key: LeaderKey(m.rules.Pair), Leader: l, ExpectRev: m.lastRev}
+	} else {
+		l := Leader{Site: m.site, Term: m.term, Beat: m.beat + 1, Fenced: m.phase == PhaseSuspended}
+		w = Write{Kind: WriteBeat, Key: LeaderKey(m.rules.Pair), Leader: l, ExpectRev: m.lastRev}
+		m.beat++
+	}
+	w.Op, w.Value, w.Deadline = m.nextOp(), EncodeLeader(w.Leader), m.now+m.rules.HeartbeatTimeout
+	m.inflight = &pendingWrite{op: w.Op, kind: w.Kind, deadline: w.Deadline, leader: w.Leader}
+	m.nextBeatAt = m.advance(m.nextBeatAt)
+	m.out.Writes = append(m.out.Writes, w)
+}
+
+func (m *Member) writeMemberBeat() {
+	m.memberBeat++
+	ready := m.phase == PhaseFollower && m.memberOK >= m.rules.SuccessThreshold
+	hb := Heartbeat{Site: m.site, Beat: m.memberBeat, Phase: m.phase, Ready: ready}
+	w := Write{Op: m.nextOp(), Kind: WriteMemberBeat, Key: HeartbeatKey(m.rules.Pair, m.site), Put: true,
+		Beat: hb, Value: EncodeHeartbeat(hb), Deadline: m.now + m.rules.HeartbeatTimeout}
+	m.memberOp, m.memberDue = w.Op, w.Deadline
+	m.nextMemberAt = m.advance(m.nextMemberAt)
+	m.out.Writes = append(m.out.Writes, w)
+}
+
+func (m *Member) acquire(reason AcquireReason, expect uint64, stale time.Duration) {
+	term := max(m.term, m.lostTerm)
+	if m.leaderKnown {
+		term = max(term, m.leader.Value.Term)
+	}
+	term++
+	m.acq.reason = reason
+	m.acq.planned = reason == AcquireHandoff && m.leader.Value.Planned
+	m.emit(&AcquireAttempted{Reason: reason, Term: term, ExpectRev: expect, Stale: stale})
+	l := Leader{Site: m.site, Term: term}
+	w := Write{Op: m.nextOp(), Kind: WriteAcquire, Key: LeaderKey(m.rules.Pair), Leader: l,
+		Value: EncodeLeader(l), ExpectRev: expect, Deadline: m.now + m.rules.HeartbeatTimeout}
+	m.inflight = &pendingWrite{op: w.Op, kind: w.Kind, deadline: w.Deadline, leader: l, expect: expect}
+	m.out.Writes = append(m.out.Writes, w)
+}
+
+// maybeAcquire is the watchdog: promotion only when the leader's last write
+// is stale by server timestamps AND by this member's own observation.
+func (m *Member) maybeAcquire() {
+	if !m.synced || m.inflight != nil {
+		return
+	}
+	fo := m.rules.FailoverTimeout
+	localStale := m.now - m.leaderSeenAt
+	if !m.leaderKnown {
+		switch {
+		case m.site == m.rules.Primary:
+			m.acquire(AcquireBootstrap, 0, 0)
+		case m.ownBeatRev != 0 && localStale > fo:
+			m.acquire(AcquireBootstrap, 0, 0)
+		}
+		return
+	}
+	v := m.leader.Value
+	if v.Site == m.site {
+		return // maybeResume handles it
+	}
+	if v.Site == "" {
+		switch {
+		case v.Handoff == m.site:
+			m.acquire(AcquireHandoff, m.leader.Rev, 0)
+			return
+		case v.Handoff == "" && m.site == m.rules.Primary:
+			m.acquire(AcquireVacant, m.leader.Rev, 0)
+			return
+		}
+	}
+	if m.ownBeatRev <= m.leader.Rev {
+		return // no heartbeat of ours stamped after the leader's write yet
+	}
+	serverStale := m.ownBeatTime.Sub(m.leader.Time)
+	if serverStale > fo && localStale > fo {
+		m.acquire(AcquireStale, m.leader.Rev, serverStale)
+		return
+	}
+	// A holder that keeps writing but stays fenced is as good as gone.
+	if !m.fencedSince.IsZero() {
+		fencedFor := m.ownBeatTime.Sub(m.fencedSince)
+		if fencedFor > fo && m.now-m.fencedSeenAt > fo {
+			m.acquire(AcquireStale, m.leader.Rev, fencedFor)
+		}
+	}
+}
+
+func (m *Member) maybeResume() {
+	if m.leaderKnown && m.leader.Value.Site == m.site && m.leader.Value.Term > m.lostTerm {
+		m.emit(&Resumed{Term: m.leader.Value.Term, Rev: m.leader.Rev})
+		m.lastRev, m.beat = m.leader.Rev, m.leader.Value.Beat
+		m.failures, m.successes = 0, 0
+		m.nextBeatAt = m.now
+		if m.inflight == nil {
+			m.writeRegister()
+		}
+	}
+}
+
+// maybeFailback hands leadership back to the recovered preferred primary,
+// but only after a takeover: leadership an operator moved here stays.
+func (m *Member) maybeFailback() {
+	if m.rules.Failback != FailbackAuto || m.site == m.rules.Primary {
+		return
+	}
+	if m.plannedLead {
+		return
+	}
+	if m.prefCount >= m.rules.SuccessThreshold {
+		m.prefCount = 0
+		m.demote(DemoteFailback, m.rules.Primary)
+	}
+}
+
+func (m *Member) demote(reason DemoteReason, to string) {
+	m.procSeq++
+	m.emit(&DemotionRequested{Seq: m.procSeq, Reason: reason, Handoff: to})
+	m.out.Procedures = append(m.out.Procedures, Procedure{Kind: ProcDemote, Seq: m.procSeq})
+}
+
+func (m *Member) onWriteResult(r WriteResult) {
+	if r.Op == m.memberOp {
+		m.memberOp = 0
+		if r.Err == WriteOK {
+			m.memberOK++
+		} else {
+			m.memberOK = 0
+		}
+		return
+	}
+	if m.inflight != nil && r.Op == m.inflight.op {
+		w := *m.inflight
+		m.inflight = nil
+		m.onLeaderWriteAnswered(w, r)
+		return
+	}
+	for i, w := range m.late {
+		if w.op != r.Op {
+			continue
+		}
+		m.late = append(m.late[:i:i], m.late[i+1:]...)
+		switch {
+		case r.Err == WriteOK && w.kind == WriteBeat && m.holding() && m.mine(w.leader) && r.Revision > m.lastRev:
+			// A write we gave up on landed after all: remember its revision so
+			// our next CAS does not mistake our own write for a rival's.
+			m.lastRev = r.Revision
+		case r.Err == WriteConflict && w.kind == WriteAcquire:
+			// Too late to matter, but the record should say NATS refused it.
+			ev := &PromotionRejected{Term: w.leader.Term, ExpectRev: w.expect}
+			if r.Current != nil {
+				ev.CurrentRev, ev.Current = r.Current.Rev, r.Current.Value
+			}
+			m.emit(ev)
+		}
+		return
+	}
+}
+
+func (m *Member) onLeaderWriteAnswered(w pendingWrite, r WriteResult) {
+	if r.Current != nil {
+		m.observeLeader(*r.Current)
+	}
+	switch w.kind {
+	case WriteBeat:
+		switch r.Err {
+		case WriteOK:
+			m.lastRev = max(m.lastRev, r.Revision)
+			m.onBeatSuccess()
+		case WriteConflict:
+			if r.Current != nil && m.mine(r.Current.Value) {
+				// Our own earlier write landed late and moved the revision.
+				// NATS answered in time, so this is neither failure nor
+				// success: adopt the revision and write again at once.
+				m.lastRev = max(m.lastRev, r.Current.Rev)
+				m.nextBeatAt = m.now
+				return
+			}
+			m.lose(r.Current)
+		default:
+			m.onLeaderWriteFailed(w, cause(r))
+		}
+	case WriteAcquire:
+		switch r.Err {
+		case WriteOK:
+			m.lastRev, m.beat = r.Revision, 0
+			m.failures, m.successes = 0, 0
+			m.procSeq++
+			m.emit(&Promoted{Seq: m.procSeq, Term: w.leader.Term, Rev: r.Revision, Reason: m.acq.reason, Planned: m.acq.planned})
+			m.out.Procedures = append(m.out.Procedures, Procedure{Kind: ProcPromote, Seq: m.procSeq})
+			m.nextBeatAt = m.now + m.rules.HeartbeatTimeout
+		case WriteConflict:
+			ev := &PromotionRejected{Term: w.leader.Term, ExpectRev: w.expect}
+			if r.Current != nil {
+				ev.CurrentRev, ev.Current = r.Current.Rev, r.Current.Value
+			}
+			m.emit(ev)
+		default:
+			m.emit(&AcquireFailed{Term: w.leader.Term, Cause: cause(r)})
+		}
+	case WriteRelease:
+		switch r.Err {
+		case WriteOK:
+			m.lastRev = r.Revision
+			m.emit(&Released{Term: m.term, Rev: r.Revision, Handoff: w.leader.Handoff})
+		case WriteConflict:
+			if r.Current != nil && m.mine(r.Current.Value) {
+				m.lastRev = max(m.lastRev, r.Current.Rev)
+				return // our own late heartbeat landed; retry the release next beat
+			}
+			m.lose(r.Current)
+		}
+	}
+}
+
+func cause(r WriteResult) string {
+	if r.Cause != "" {
+		return r.Err.String() + ": " + r.Cause
+	}
+	return r.Err.String()
+}
+
+func (m *Member) onLeaderWriteFailed(w pendingWrite, why string) {
+	switch w.kind {
+	case WriteBeat:
+		m.successes = 0
+		m.failures++
+		m.emit(&HeartbeatFailed{Term: m.term, Failures: m.failures, Cause: why})
+		if m.failures < m.rules.FailureThreshold {
+			return
+		}
+		switch m.phase {
+		case PhaseLeader, PhasePromoting:
+			if !skipSelfFence {
+				m.fence(FenceHeartbeatFailures, AfterSuspend)
+			}
+		case PhaseDemoting:
+			m.fence(FenceHeartbeatFailures, AfterRelease)
+		}
+	case WriteAcquire:
+		m.emit(&AcquireFailed{Term: w.leader.Term, Cause: why})
+	case WriteRelease:
+		// not serving any more; the release is retried at the next beat
+	}
+}
+
+func (m *Member) onBeatSuccess() {
+	if m.failures > 0 {
+		m.emit(&HeartbeatRecovered{Term: m.term, AfterFailures: m.failures})
+	}
+	m.failures = 0
+	m.successes++
+	if m.phase == PhaseSuspended && m.successes >= m.rules.SuccessThreshold {
+		m.successes = 0
+		m.procSeq++
+		m.emit(&Unfenced{Seq: m.procSeq, Term: m.term})
+		m.out.Procedures = append(m.out.Procedures, Procedure{Kind: ProcPromote, Seq: m.procSeq})
+	}
+}
+
+// lose handles a register written by someone else while we held it.
+func (m *Member) lose(cur *LeaderEntry) {
+	ev := &LeadershipLost{Term: m.term}
+	if cur != nil {
+		ev.Rev, ev.Holder = cur.Rev, cur.Value
+	}
+	m.inflight = nil
+	m.failures, m.successes = 0, 0
+	m.emit(ev)
+	switch m.phase {
+	case PhaseLeader, PhasePromoting, PhaseDemoting, PhaseFencing:
+		m.fence(FenceLostRegister, AfterFollow)
+	}
+}
+
+func (m *Member) observeLeader(e LeaderEntry) bool {
+	if m.leaderKnown && e.Rev <= m.leader.Rev {
+		return false
+	}
+	prev := m.leader.Value
+	switch {
+	case !e.Value.Fenced:
+		m.fencedSince, m.fencedSeenAt = time.Time{}, 0
+	case m.fencedSince.IsZero() || prev.Site != e.Value.Site || prev.Term != e.Value.Term || !prev.Fenced:
+		m.fencedSince, m.fencedSeenAt = e.Time, m.now
+	}
+	m.leader, m.leaderKnown, m.leaderSeenAt = e, true, m.now
+	return true
+}
+
+func (m *Member) onLeader(e LeaderEntry) {
+	if !m.observeLeader(e) {
+		return
+	}
+	if !m.holding() || e.Rev <= m.lastRev {
+		return
+	}
+	if m.mine(e.Value) {
+		m.lastRev = e.Rev // our own write, seen before its answer
+		return
+	}
+	if m.phase == PhaseReleasing && e.Value.Site == "" && e.Value.Term == m.term && e.Value.Handoff == m.handoff && !e.Value.Fenced {
+		// Our release landed; its answer is still on the way.
+		m.inflight = nil
+		m.lastRev = e.Rev
+		m.emit(&Released{Term: m.term, Rev: e.Rev, Handoff: e.Value.Handoff})
+		return
+	}
+	m.lose(&e)
+}
+
+func (m *Member) onMemberBeat(h HeartbeatObserved) {
+	if h.Value.Site == m.site {
+		if h.Rev > m.ownBeatRev {
+			m.ownBeatRev, m.ownBeatTime = h.Rev, h.Time
+		}
+		return
+	}
+	if m.phase != PhaseLeader || h.Value.Site != m.rules.Primary {
+		m.prefCount, m.prefLast = 0, time.Time{}
+		return
+	}
+	switch {
+	case !h.Value.Ready:
+		m.prefCount = 0
+	case m.prefLast.IsZero() || h.Time.Sub(m.prefLast) <= 2*m.rules.HeartbeatTimeout:
+		m.prefCount++
+	default:
+		m.prefCount = 1
+	}
+	m.prefLast = h.Time
+}
+
+func (m *Member) onConfig(c ConfigObserved) {
+	if c.Rev <= m.rulesRev {
+		return
+	}
+	reject := func(err error) {
+		ev := &ConfigRejected{Rev: c.Rev, Field: "config", Rule: err.Error()}
+		if ce, ok := err.(*actors.ConfigError); ok {
+			ev.Field, ev.Rule, ev.Value = ce.Field, ce.Rule, ce.Value
+		}
+		m.emit(ev)
+	}
+	if c.DecodeErr != "" {
+		reject(&actors.ConfigError{Field: "config", Rule: "must decode as pair rules", Value: c.DecodeErr})
+		return
+	}
+	r := c.Rules
+	switch {
+	case r.Pair != m.rules.Pair:
+		reject(&actors.ConfigError{Field: "pair", Rule: "cannot change at run time", Value: r.Pair})
+	case r.Primary != m.rules.Primary:
+		reject(&actors.ConfigError{Field: "primary", Rule: "cannot change at run time; restart the members with a new pair file", Value: r.Primary})
+	case r.Replica != m.rules.Replica:
+		reject(&actors.ConfigError{Field: "replica", Rule: "cannot change at run time; restart the members with a new pair file", Value: r.Replica})
+	default:
+		if err := checkRules(r, m.opts); err != nil {
+			reject(err)
+			return
+		}
+		if r == m.rules {
+			m.rulesRev = c.Rev // already in force (the pair file's own rules)
+			return
+		}
+		m.emit(&ConfigApplied{Rev: c.Rev, Rules: r})
+	}
+}
+
+func (m *Member) onSwitchover(s SwitchoverObserved) {
+	req := s.Request
+	if req.ID == "" || req.ID == m.lastSwitchover || m.phase != PhaseLeader {
+		return
+	}
+	if req.To == m.site || !m.rules.Has(req.To) {
+		return
+	}
+	m.emit(&SwitchoverAccepted{ID: req.ID, To: req.To})
+	m.demote(DemoteSwitchover, req.To)
+}
+
+func (m *Member) onProcedure(r ProcedureResult) {
+	if r.Seq != m.procSeq || r.Kind != m.procKind {
+		return // superseded by a later procedure
+	}
+	switch r.Kind {
+	case ProcFence:
+		if m.phase != PhaseFencing {
+			return
+		}
+		if !r.OK {
+			m.emit(&FenceFailed{Seq: r.Seq, Detail: r.Detail})
+			m.fenceFailed, m.fenceRetryAt = true, m.now+m.rules.HeartbeatTimeout
+			return
+		}
+		m.fenceFailed = false
+		m.emit(&Fenced{Seq: r.Seq})
+		m.successes = 0
+		if m.phase == PhaseReleasing || m.phase == PhaseSuspended {
+			m.nextBeatAt = min(m.nextBeatAt, m.now)
+		}
+	case ProcPromote:
+		if m.phase != PhasePromoting {
+			return
+		}
+		if !r.OK {
+			m.emit(&PromoteFailed{Seq: r.Seq, Detail: r.Detail})
+			m.demote(DemotePromoteFailed, m.rules.Other(m.site))
+			return
+		}
+		m.emit(&ServingStarted{Seq: r.Seq, Term: m.term})
+		m.prefCount, m.prefLast = 0, time.Time{}
+	case ProcDemote:
+		if m.phase != PhaseDemoting {
+			return
+		}
+		if !r.OK {
+			m.emit(&DemoteFailed{Seq: r.Seq, Detail: r.Detail})
+			m.fence(FenceDemoteFailed, AfterRelease)
+			return
+		}
+		m.emit(&Demoted{Seq: r.Seq})
+		m.nextBeatAt = min(m.nextBeatAt, m.now)
+	}
+}

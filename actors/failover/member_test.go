@@ -1,0 +1,181 @@
+package failover
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/datadriven"
+)
+
+// TestTranscripts runs one transcript per case of the staleness-detection
+// decision. Regenerate with: go test ./actors/failover -run Transcripts -rewrite
+// and review the diff.
+func TestTranscripts(t *testing.T) {
+	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
+		var w *world
+		var out strings.Builder
+		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
+			out.Reset()
+			arg := func(key string) (string, bool) {
+				for _, a := range d.CmdArgs {
+					if a.Key == key {
+						if len(a.Vals) == 0 {
+							return "", true
+						}
+						return a.Vals[0], true
+					}
+				}
+				return "", false
+			}
+			dur := func(key string, def time.Duration) time.Duration {
+				s, ok := arg(key)
+				if !ok {
+					return def
+				}
+				v, err := time.ParseDuration(s)
+				if err != nil {
+					d.Fatalf(t, "%s: %v", key, err)
+				}
+				return v
+			}
+			num := func(key string, def int) int {
+				s, ok := arg(key)
+				if !ok {
+					return def
+				}
+				v, err := strconv.Atoi(s)
+				if err != nil {
+					d.Fatalf(t, "%s: %v", key, err)
+				}
+				return v
+			}
+			site := func() *node {
+				s, ok := arg("site")
+				if !ok {
+					d.Fatalf(t, "site= required")
+				}
+				n := w.node[s]
+				if n == nil {
+					d.Fatalf(t, "unknown site %q", s)
+				}
+				return n
+			}
+			rulesFrom := func(base Rules) Rules {
+				r := base
+				r.HeartbeatTimeout = dur("hb", r.HeartbeatTimeout)
+				r.FailureThreshold = num("ft", r.FailureThreshold)
+				r.SuccessThreshold = num("st", r.SuccessThreshold)
+				r.FailoverTimeout = dur("fo", r.FailoverTimeout)
+				r.FenceGrace = dur("fg", r.FenceGrace)
+				if s, ok := arg("failback"); ok {
+					f, err := ParseFailback(s)
+					if err != nil {
+						return r
+					}
+					r.Failback = f
+				}
+				return r
+			}
+			switch d.Cmd {
+			case "pair":
+				rules := rulesFrom(DefaultRules("pg-main", "site-a", "site-b"))
+				_, unsafe := arg("unsafe")
+				opts := Options{AllowUnsafe: unsafe}
+				if err := checkRules(rules, opts); err != nil {
+					return "error: " + err.Error()
+				}
+				w = newWorld(t, rules, opts, &out)
+				return "ok"
+			case "start", "restart":
+				w.start(site())
+			case "run":
+				until := w.now + dur("for", 0)
+				if v, ok := arg("until"); ok {
+					u, err := time.ParseDuration(v)
+					if err != nil {
+						d.Fatalf(t, "until: %v", err)
+					}
+					until = u
+				}
+				w.run(until)
+			case "link":
+				n := site()
+				n.up = dur("up", n.up)
+				n.down = dur("down", n.down)
+				if s, ok := arg("drop"); ok {
+					n.dropUp = s == "up" || s == "both"
+					n.dropDown = s == "down" || s == "both"
+				}
+				w.logf(n.site, "link up=%v down=%v drop-up=%v drop-down=%v", n.up, n.down, n.dropUp, n.dropDown)
+			case "shutdown":
+				n := site()
+				w.logf(n.site, "host stopping: shutdown requested")
+				w.step(n, Shutdown{})
+			case "crash":
+				n := site()
+				n.alive = false
+				w.logf(n.site, "CRASH (process and resource gone)")
+				w.setServing(n, false)
+			case "jump":
+				n := site()
+				by := dur("by", 0)
+				n.clockOffset += by
+				w.logf(n.site, "monotonic clock jumps %v", by)
+				if n.alive {
+					w.step(n, Tick{})
+				}
+			case "proc":
+				n := site()
+				kinds := map[string]ProcKind{"fence": ProcFence, "promote": ProcPromote, "demote": ProcDemote}
+				k, _ := arg("kind")
+				kind, ok := kinds[k]
+				if !ok {
+					d.Fatalf(t, "kind must be fence, promote or demote")
+				}
+				b := n.procs[kind]
+				b.delay = dur("delay", b.delay)
+				if r, ok := arg("result"); ok {
+					b.fail = r == "fail"
+				}
+				n.procs[kind] = b
+			case "switchover":
+				to, _ := arg("to")
+				id, _ := arg("id")
+				w.logf("oper", "switchover requested to %s", to)
+				w.put(SwitchoverKey(w.rules.Pair), EncodeSwitchover(Switchover{ID: id, To: to, Requested: w.serverTime()}))
+			case "config":
+				r := rulesFrom(w.config)
+				if checkRules(r, w.opts) == nil {
+					w.config = r
+				}
+				w.logf("oper", "config written: hb=%v ft=%d st=%d fo=%v fg=%v", r.HeartbeatTimeout, r.FailureThreshold, r.SuccessThreshold, r.FailoverTimeout, r.FenceGrace)
+				w.put(ConfigKey(w.rules.Pair), EncodeRules(r))
+			case "state":
+				for _, s := range w.sites {
+					n := w.node[s]
+					if n.m == nil {
+						fmt.Fprintf(&out, "%s: not started\n", s)
+						continue
+					}
+					fmt.Fprintf(&out, "%s: alive=%v phase=%v term=%d serving=%v failures=%d\n", s, n.alive, n.m.Phase(), n.m.Term(), n.serving, n.m.Failures())
+				}
+				if e, ok := w.kv[LeaderKey(w.rules.Pair)]; ok {
+					l, _ := DecodeLeader(e.value)
+					fmt.Fprintf(&out, "register: %v rev=%d written %.3fs\n", l, e.rev, e.at.Sub(epoch).Seconds())
+				}
+				if w.splits > 0 {
+					fmt.Fprintf(&out, "split brains: %d\n", w.splits)
+				}
+			default:
+				d.Fatalf(t, "unknown command %q", d.Cmd)
+			}
+			if w != nil && w.splits > 0 && !w.opts.AllowUnsafe {
+				t.Errorf("split brain with safe rules at %s", d.Pos)
+			}
+			return out.String()
+		})
+	})
+}

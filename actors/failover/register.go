@@ -1,0 +1,129 @@
+package failover
+
+import (
+	"fmt"
+	"time"
+
+	"understudy/events"
+)
+
+// KV keys of a pair, in the bucket understudy_failover.
+
+// LeaderKey is the leadership register, written by the holder's heartbeat.
+func LeaderKey(pair string) string { return pair + ".leader" }
+
+// HeartbeatKey is a member's own heartbeat, written while it does not hold
+// the register.
+func HeartbeatKey(pair, site string) string { return pair + ".hb." + site }
+
+// ConfigKey holds the pair's rules; changing it tunes the pair at run time.
+func ConfigKey(pair string) string { return pair + ".config" }
+
+// SwitchoverKey holds the latest operator switchover request.
+func SwitchoverKey(pair string) string { return pair + ".switchover" }
+
+// Leader is the value of the leadership register. Site "" means nobody
+// holds it (after a clean demotion); Handoff then names who should take it.
+type Leader struct {
+	Site    string `msgpack:"s"`
+	Term    uint64 `msgpack:"t"`
+	Beat    uint64 `msgpack:"n"`           // heartbeat count within the term
+	Handoff string `msgpack:"h,omitempty"` // with Site "": the intended next holder
+	// Fenced: the holder is suspended (fenced, not serving) and heartbeats
+	// only to recover. A follower may take over a holder that stays fenced
+	// for failover_timeout even though its writes still land.
+	Fenced bool `msgpack:"f,omitempty"`
+	// Planned, with Site "": an operator moved leadership (switchover), so
+	// the next holder keeps it even under failback: auto.
+	Planned bool `msgpack:"p,omitempty"`
+}
+
+func (l Leader) String() string {
+	if l.Site == "" {
+		if l.Handoff != "" {
+			return fmt.Sprintf("none(term %d, handoff to %s)", l.Term, l.Handoff)
+		}
+		return fmt.Sprintf("none(term %d)", l.Term)
+	}
+	if l.Fenced {
+		return fmt.Sprintf("%s(term %d, beat %d, fenced)", l.Site, l.Term, l.Beat)
+	}
+	return fmt.Sprintf("%s(term %d, beat %d)", l.Site, l.Term, l.Beat)
+}
+
+// Heartbeat is the value of a member's own heartbeat key.
+type Heartbeat struct {
+	Site  string `msgpack:"s"`
+	Beat  uint64 `msgpack:"n"`
+	Phase Phase  `msgpack:"p"`
+	// Ready says the member could take leadership now: it follows, and its
+	// own last success_threshold heartbeats were acknowledged in time. The
+	// leader hands back only to a ready preferred primary, so a primary on a
+	// still-degraded link is not handed leadership it would lose again.
+	Ready bool `msgpack:"r"`
+}
+
+// Switchover is an operator's request to move leadership to To.
+type Switchover struct {
+	ID        string    `msgpack:"id"`
+	To        string    `msgpack:"to"`
+	Requested time.Time `msgpack:"at"`
+}
+
+// EncodeLeader and the functions below are the wire form of the KV values.
+func EncodeLeader(l Leader) []byte { return mustMarshal(l) }
+
+// DecodeLeader reads a leadership register value.
+func DecodeLeader(b []byte) (Leader, error) {
+	var l Leader
+	if err := events.UnmarshalValue(b, &l); err != nil {
+		return Leader{}, fmt.Errorf("decode leader register: %w", err)
+	}
+	return l, nil
+}
+
+// EncodeHeartbeat returns the wire form of a member heartbeat.
+func EncodeHeartbeat(h Heartbeat) []byte { return mustMarshal(h) }
+
+// DecodeHeartbeat reads a member heartbeat value.
+func DecodeHeartbeat(b []byte) (Heartbeat, error) {
+	var h Heartbeat
+	if err := events.UnmarshalValue(b, &h); err != nil {
+		return Heartbeat{}, fmt.Errorf("decode heartbeat: %w", err)
+	}
+	return h, nil
+}
+
+// EncodeSwitchover returns the wire form of a switchover request.
+func EncodeSwitchover(s Switchover) []byte { return mustMarshal(s) }
+
+// DecodeSwitchover reads a switchover request.
+func DecodeSwitchover(b []byte) (Switchover, error) {
+	var s Switchover
+	if err := events.UnmarshalValue(b, &s); err != nil {
+		return Switchover{}, fmt.Errorf("decode switchover: %w", err)
+	}
+	s.Requested = s.Requested.UTC()
+	return s, nil
+}
+
+// EncodeRules returns the wire form of the rules kept under ConfigKey.
+func EncodeRules(r Rules) []byte { return mustMarshal(r) }
+
+// DecodeRules reads rules from ConfigKey without validating them.
+func DecodeRules(b []byte) (Rules, error) {
+	var r Rules
+	if err := events.UnmarshalValue(b, &r); err != nil {
+		return Rules{}, fmt.Errorf("decode rules: %w", err)
+	}
+	return r, nil
+}
+
+func mustMarshal(v any) []byte {
+	b, err := events.MarshalValue(v)
+	if err != nil {
+		// Only plain structs of strings and numbers pass through here.
+		panic(fmt.Sprintf("failover: marshal %T: %v", v, err))
+	}
+	return b
+}

@@ -1,0 +1,152 @@
+package failover
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	"understudy/actors"
+)
+
+// Failback says what happens when the preferred primary recovers while the
+// replica leads.
+type Failback int
+
+const (
+	// FailbackAuto: the replica hands leadership back by clean demotion once
+	// the preferred primary heartbeats again for success_threshold intervals.
+	FailbackAuto Failback = iota + 1
+	// FailbackManual: the replica keeps leading until an operator switches over.
+	FailbackManual
+)
+
+func (f Failback) String() string {
+	switch f {
+	case FailbackAuto:
+		return "auto"
+	case FailbackManual:
+		return "manual"
+	}
+	return "unset"
+}
+
+// ParseFailback reads "auto" or "manual".
+func ParseFailback(s string) (Failback, error) {
+	switch s {
+	case "auto":
+		return FailbackAuto, nil
+	case "manual":
+		return FailbackManual, nil
+	}
+	return 0, &actors.ConfigError{Field: "failback", Rule: `must be "auto" or "manual"`, Value: strconv.Quote(s)}
+}
+
+// Rules are a pair's failover rules, validated. The zero value is not valid:
+// use DefaultRules or Validate what you build.
+type Rules struct {
+	Pair             string        `msgpack:"pair"`
+	Primary          string        `msgpack:"primary"` // preferred primary site
+	Replica          string        `msgpack:"replica"`
+	HeartbeatTimeout time.Duration `msgpack:"hb"` // also the heartbeat interval
+	FailureThreshold int           `msgpack:"ft"`
+	SuccessThreshold int           `msgpack:"st"`
+	FailoverTimeout  time.Duration `msgpack:"fo"`
+	FenceGrace       time.Duration `msgpack:"fg"`
+	Failback         Failback      `msgpack:"fb"`
+}
+
+// DefaultRules returns DESIGN.md's defaults for a pair.
+func DefaultRules(pair, primary, replica string) Rules {
+	return Rules{
+		Pair: pair, Primary: primary, Replica: replica,
+		HeartbeatTimeout: time.Second, FailureThreshold: 2, SuccessThreshold: 2,
+		FailoverTimeout: 5 * time.Second, FenceGrace: 2 * time.Second, Failback: FailbackAuto,
+	}
+}
+
+// MinFailoverTimeout is the smallest failover_timeout the safety inequality
+// allows for these rules: (failure_threshold + 1) * heartbeat_timeout + fence_grace.
+func (r Rules) MinFailoverTimeout() time.Duration {
+	return time.Duration(r.FailureThreshold+1)*r.HeartbeatTimeout + r.FenceGrace
+}
+
+// Validate checks every field, then the safety inequality. It returns a
+// *actors.ConfigError naming the first field that breaks a rule.
+func (r Rules) Validate() error {
+	if err := r.ValidateShape(); err != nil {
+		return err
+	}
+	if min := r.MinFailoverTimeout(); r.FailoverTimeout < min {
+		return &actors.ConfigError{
+			Field: "failover_timeout",
+			Rule: fmt.Sprintf("safety inequality: failover_timeout >= (failure_threshold + 1) * heartbeat_timeout + fence_grace = (%d + 1) * %v + %v = %v; raise failover_timeout to at least %v or lower the others",
+				r.FailureThreshold, r.HeartbeatTimeout, r.FenceGrace, min, min),
+			Value: r.FailoverTimeout.String(),
+		}
+	}
+	return nil
+}
+
+// ValidateShape checks every field but not the safety inequality. Only the
+// simulator's --allow-unsafe-config uses it alone.
+func (r Rules) ValidateShape() error {
+	name := func(field, v string) error {
+		if v == "" {
+			return &actors.ConfigError{Field: field, Rule: "must not be empty"}
+		}
+		for _, c := range v {
+			if c == '.' || c == '*' || c == '>' || c == ' ' || c == '\t' {
+				return &actors.ConfigError{Field: field, Rule: "must be one NATS subject token: no '.', '*', '>' or whitespace", Value: strconv.Quote(v)}
+			}
+		}
+		return nil
+	}
+	if err := name("pair", r.Pair); err != nil {
+		return err
+	}
+	if err := name("primary", r.Primary); err != nil {
+		return err
+	}
+	if err := name("replica", r.Replica); err != nil {
+		return err
+	}
+	if r.Primary == r.Replica {
+		return &actors.ConfigError{Field: "replica", Rule: "must differ from primary", Value: strconv.Quote(r.Replica)}
+	}
+	positive := func(field string, d time.Duration) error {
+		if d <= 0 {
+			return &actors.ConfigError{Field: field, Rule: "must be a positive duration", Value: d.String()}
+		}
+		return nil
+	}
+	if err := positive("heartbeat_timeout", r.HeartbeatTimeout); err != nil {
+		return err
+	}
+	if err := positive("failover_timeout", r.FailoverTimeout); err != nil {
+		return err
+	}
+	if r.FenceGrace < 0 {
+		return &actors.ConfigError{Field: "fence_grace", Rule: "must not be negative", Value: r.FenceGrace.String()}
+	}
+	if r.FailureThreshold < 1 {
+		return &actors.ConfigError{Field: "failure_threshold", Rule: "must be at least 1", Value: strconv.Itoa(r.FailureThreshold)}
+	}
+	if r.SuccessThreshold < 1 {
+		return &actors.ConfigError{Field: "success_threshold", Rule: "must be at least 1", Value: strconv.Itoa(r.SuccessThreshold)}
+	}
+	if r.Failback != FailbackAuto && r.Failback != FailbackManual {
+		return &actors.ConfigError{Field: "failback", Rule: `must be "auto" or "manual"`, Value: r.Failback.String()}
+	}
+	return nil
+}
+
+// Other returns the site of the pair that is not site.
+func (r Rules) Other(site string) string {
+	if site == r.Primary {
+		return r.Replica
+	}
+	return r.Primary
+}
+
+// Has reports whether site is a member of the pair.
+func (r Rules) Has(site string) bool { return site == r.Primary || site == r.Replica }

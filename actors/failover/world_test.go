@@ -1,0 +1,335 @@
+package failover
+
+import (
+	"container/heap"
+	"fmt"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"understudy/events"
+)
+
+// world is a tiny deterministic host for transcripts: one KV "server" with
+// a server clock, two members, a link per member with latency and drops,
+// and a resource per member whose procedures take time. It checks on every
+// step that the two resources never serve at once.
+type world struct {
+	t      *testing.T
+	rules  Rules
+	config Rules // last written to <pair>.config
+	opts   Options
+	now    time.Duration
+	seq    uint64
+	queue  eventQueue
+	kv     map[string]kvEntry
+	rev    uint64
+	sites  []string
+	node   map[string]*node
+	out    *strings.Builder
+	splits int
+}
+
+type kvEntry struct {
+	rev   uint64
+	at    time.Time
+	value []byte
+}
+
+type procBehaviour struct {
+	delay time.Duration
+	fail  bool
+}
+
+type node struct {
+	site        string
+	m           *Member
+	alive       bool
+	incarnation int
+	log         []events.Event
+	clockOffset time.Duration
+	up, down    time.Duration
+	dropUp      bool
+	dropDown    bool
+	lastUp      time.Duration
+	lastDown    time.Duration
+	serving     bool
+	procs       map[ProcKind]procBehaviour
+}
+
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+type scheduled struct {
+	at  time.Duration
+	seq uint64
+	fn  func()
+}
+
+type eventQueue []scheduled
+
+func (q eventQueue) Len() int { return len(q) }
+func (q eventQueue) Less(i, j int) bool {
+	if q[i].at != q[j].at {
+		return q[i].at < q[j].at
+	}
+	return q[i].seq < q[j].seq
+}
+func (q eventQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *eventQueue) Push(x any)   { *q = append(*q, x.(scheduled)) }
+func (q *eventQueue) Pop() any {
+	old := *q
+	x := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return x
+}
+
+func newWorld(t *testing.T, rules Rules, opts Options, out *strings.Builder) *world {
+	w := &world{t: t, rules: rules, config: rules, opts: opts, kv: map[string]kvEntry{}, node: map[string]*node{}, out: out}
+	for _, s := range []string{rules.Primary, rules.Replica} {
+		w.sites = append(w.sites, s)
+		w.node[s] = &node{site: s, up: 10 * time.Millisecond, down: 10 * time.Millisecond, procs: map[ProcKind]procBehaviour{
+			ProcFence:   {delay: 500 * time.Millisecond},
+			ProcPromote: {delay: 200 * time.Millisecond},
+			ProcDemote:  {delay: 200 * time.Millisecond},
+		}}
+	}
+	w.put(ConfigKey(rules.Pair), EncodeRules(rules))
+	return w
+}
+
+func (w *world) at(d time.Duration, fn func()) {
+	w.seq++
+	heap.Push(&w.queue, scheduled{at: d, seq: w.seq, fn: fn})
+}
+
+func (w *world) logf(site, format string, args ...any) {
+	fmt.Fprintf(w.out, "%7.3fs %-6s %s\n", w.now.Seconds(), site, fmt.Sprintf(format, args...))
+}
+
+func (w *world) serverTime() time.Time { return epoch.Add(w.now) }
+
+// put applies an unconditional write on the server and fans it out.
+func (w *world) put(key string, value []byte) kvEntry {
+	w.rev++
+	e := kvEntry{rev: w.rev, at: w.serverTime(), value: value}
+	w.kv[key] = e
+	for _, s := range w.sites {
+		w.deliverEntry(w.node[s], key, e)
+	}
+	return e
+}
+
+func (w *world) deliverEntry(n *node, key string, e kvEntry) {
+	if !n.alive || n.dropDown {
+		return
+	}
+	in := w.inputFor(key, e)
+	if in == nil {
+		return
+	}
+	w.down(n, in)
+}
+
+func (w *world) inputFor(key string, e kvEntry) Input {
+	p := w.rules.Pair
+	switch {
+	case key == LeaderKey(p):
+		l, err := DecodeLeader(e.value)
+		if err != nil {
+			w.t.Fatalf("leader value: %v", err)
+		}
+		return LeaderObserved{Entry: LeaderEntry{Rev: e.rev, Time: e.at, Value: l}}
+	case strings.HasPrefix(key, p+".hb."):
+		h, err := DecodeHeartbeat(e.value)
+		if err != nil {
+			w.t.Fatalf("heartbeat value: %v", err)
+		}
+		return HeartbeatObserved{Rev: e.rev, Time: e.at, Value: h}
+	case key == ConfigKey(p):
+		r, err := DecodeRules(e.value)
+		if err != nil {
+			return ConfigObserved{Rev: e.rev, DecodeErr: err.Error()}
+		}
+		return ConfigObserved{Rev: e.rev, Rules: r}
+	case key == SwitchoverKey(p):
+		s, err := DecodeSwitchover(e.value)
+		if err != nil {
+			w.t.Fatalf("switchover value: %v", err)
+		}
+		return SwitchoverObserved{Rev: e.rev, Request: s}
+	}
+	return nil
+}
+
+// down sends an input from the server to n over its link, FIFO.
+func (w *world) down(n *node, in Input) {
+	at := max(w.now+n.down, n.lastDown)
+	n.lastDown = at
+	inc := n.incarnation
+	w.at(at, func() {
+		if n.alive && n.incarnation == inc {
+			w.step(n, in)
+		}
+	})
+}
+
+func (w *world) local(n *node) time.Duration { return w.now + n.clockOffset }
+
+func (w *world) step(n *node, in Input) {
+	w.handle(n, n.m.Step(w.local(n), in))
+}
+
+func (w *world) start(n *node) {
+	if n.alive {
+		w.t.Fatalf("start %s: already running", n.site)
+	}
+	m, err := NewMember(n.site, w.rules, w.opts)
+	if err != nil {
+		w.t.Fatalf("new member: %v", err)
+	}
+	for _, ev := range n.log {
+		m.Apply(ev)
+	}
+	n.m, n.alive = m, true
+	n.incarnation++
+	n.lastDown, n.lastUp = 0, 0
+	w.handle(n, m.Start(w.local(n)))
+	// The watch: every existing entry in revision order, then Synced.
+	keys := make([]string, 0, len(w.kv))
+	for k := range w.kv {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return w.kv[keys[i]].rev < w.kv[keys[j]].rev })
+	if !n.dropDown {
+		for _, k := range keys {
+			if in := w.inputFor(k, w.kv[k]); in != nil {
+				w.down(n, in)
+			}
+		}
+		w.down(n, Synced{})
+	}
+	w.scheduleTick(n)
+}
+
+func (w *world) scheduleTick(n *node) {
+	inc := n.incarnation
+	wake := n.m.NextWake() - n.clockOffset
+	if wake <= w.now {
+		wake = w.now + time.Millisecond
+	}
+	w.at(wake, func() {
+		if n.alive && n.incarnation == inc {
+			w.step(n, Tick{})
+			w.scheduleTick(n)
+		}
+	})
+}
+
+func (w *world) handle(n *node, r Ready) {
+	for _, ev := range r.Events {
+		n.log = append(n.log, ev)
+		w.logf(n.site, "%s", formatEvent(ev))
+	}
+	for _, wr := range r.Writes {
+		w.send(n, wr)
+	}
+	for _, p := range r.Procedures {
+		w.runProc(n, p)
+	}
+}
+
+func (w *world) send(n *node, wr Write) {
+	if n.dropUp {
+		return
+	}
+	at := max(w.now+n.up, n.lastUp)
+	n.lastUp = at
+	w.at(at, func() { w.apply(n, wr) })
+}
+
+// apply executes a write on the server, even from a dead process (a zombie
+// write already on the wire), and answers it.
+func (w *world) apply(n *node, wr Write) {
+	cur, exists := w.kv[wr.Key]
+	res := WriteResult{Op: wr.Op}
+	switch {
+	case wr.Put, exists && cur.rev == wr.ExpectRev && wr.ExpectRev != 0, !exists && wr.ExpectRev == 0:
+		e := w.put(wr.Key, wr.Value)
+		res.Err, res.Revision, res.Time = WriteOK, e.rev, e.at
+	default:
+		res.Err = WriteConflict
+		if exists && wr.Key == LeaderKey(w.rules.Pair) {
+			l, _ := DecodeLeader(cur.value)
+			res.Current = &LeaderEntry{Rev: cur.rev, Time: cur.at, Value: l}
+		}
+	}
+	if n.alive && !n.dropDown {
+		w.down(n, res)
+	}
+}
+
+func (w *world) runProc(n *node, p Procedure) {
+	b := n.procs[p.Kind]
+	inc := n.incarnation
+	w.at(w.now+b.delay, func() {
+		if !n.alive || n.incarnation != inc {
+			return
+		}
+		if !b.fail {
+			switch p.Kind {
+			case ProcFence, ProcDemote:
+				w.setServing(n, false)
+			case ProcPromote:
+				w.setServing(n, true)
+			}
+		}
+		w.step(n, ProcedureResult{Kind: p.Kind, Seq: p.Seq, OK: !b.fail, Detail: map[bool]string{true: "step failed"}[b.fail]})
+	})
+}
+
+func (w *world) setServing(n *node, on bool) {
+	if n.serving == on {
+		return
+	}
+	n.serving = on
+	w.logf(n.site, "resource %s", map[bool]string{true: "SERVING", false: "stopped"}[on])
+	if on {
+		for _, s := range w.sites {
+			if s != n.site && w.node[s].serving {
+				w.splits++
+				w.logf(n.site, "!! SPLIT BRAIN: %s and %s both serving", s, n.site)
+			}
+		}
+	}
+}
+
+func (w *world) run(until time.Duration) {
+	for w.queue.Len() > 0 && w.queue[0].at <= until {
+		s := heap.Pop(&w.queue).(scheduled)
+		w.now = s.at
+		s.fn()
+	}
+	w.now = until
+}
+
+func formatEvent(ev events.Event) string {
+	v := reflect.ValueOf(ev).Elem()
+	var b strings.Builder
+	b.WriteString(ev.EventType())
+	for i := 0; i < v.NumField(); i++ {
+		f := v.Type().Field(i)
+		fv := v.Field(i)
+		if fv.IsZero() {
+			continue
+		}
+		if f.Name == "Rules" {
+			r := fv.Interface().(Rules)
+			fmt.Fprintf(&b, " rules={hb=%v ft=%d st=%d fo=%v fg=%v failback=%v}", r.HeartbeatTimeout, r.FailureThreshold, r.SuccessThreshold, r.FailoverTimeout, r.FenceGrace, r.Failback)
+			continue
+		}
+		fmt.Fprintf(&b, " %s=%v", strings.ToLower(f.Name), fv.Interface())
+	}
+	return b.String()
+}
