@@ -1,0 +1,173 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"understudy/events"
+)
+
+// appender appends one actor's events to its subject, in order, with
+// per-subject optimistic concurrency and a message id per position, from a
+// goroutine of its own: an actor never blocks on NATS (a member must keep
+// counting heartbeat timeouts while NATS is down). Events queue while NATS
+// is unreachable and are retried; a conflict means another process writes
+// this subject — this process is a zombie or has a twin — and is reported
+// through onConflict, after which the appender stops.
+type appender struct {
+	log        events.Log
+	subject    string
+	logger     *slog.Logger
+	onConflict func(error)
+	onAppended func(events.Event, events.Ack)
+
+	mu      sync.Mutex
+	queue   []events.Event // unbounded: events are facts and must not be dropped
+	wake    chan struct{}  // size 1: a pending wake-up is enough
+	stopped chan struct{}
+	done    chan struct{}
+	lastSeq uint64
+	known   bool // lastSeq was read from the log (by replay or LastSequence)
+}
+
+func newAppender(log events.Log, subject string, logger *slog.Logger) *appender {
+	return &appender{
+		log: log, subject: subject, logger: logger,
+		wake: make(chan struct{}, 1), stopped: make(chan struct{}), done: make(chan struct{}),
+	}
+}
+
+// setLast records the subject's last sequence as found by a replay.
+func (a *appender) setLast(seq uint64) {
+	a.mu.Lock()
+	a.lastSeq, a.known = seq, true
+	a.mu.Unlock()
+}
+
+func (a *appender) start() { go a.run() }
+
+// add queues events; it never blocks.
+func (a *appender) add(evs ...events.Event) {
+	if len(evs) == 0 {
+		return
+	}
+	a.mu.Lock()
+	a.queue = append(a.queue, evs...)
+	a.mu.Unlock()
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+// stop ends the goroutine; queued events not yet appended are logged as lost.
+func (a *appender) stop() {
+	select {
+	case <-a.stopped:
+	default:
+		close(a.stopped)
+	}
+	<-a.done
+}
+
+// flush waits until the queue is empty or ctx ends.
+func (a *appender) flush(ctx context.Context) error {
+	for {
+		a.mu.Lock()
+		n := len(a.queue)
+		a.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("appender %s: %d events not yet appended: %w", a.subject, n, ctx.Err())
+		case <-a.done:
+			return fmt.Errorf("appender %s stopped with %d events queued", a.subject, n)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+func (a *appender) run() {
+	defer close(a.done)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-a.stopped
+		cancel()
+	}()
+	backoff := 100 * time.Millisecond
+	for {
+		a.mu.Lock()
+		var ev events.Event
+		if len(a.queue) > 0 {
+			ev = a.queue[0]
+		}
+		known, last := a.known, a.lastSeq
+		a.mu.Unlock()
+		if ev == nil {
+			select {
+			case <-a.wake:
+				continue
+			case <-a.stopped:
+				return
+			}
+		}
+		err := func() error {
+			actx, acancel := context.WithTimeout(ctx, 5*time.Second)
+			defer acancel()
+			if !known {
+				seq, err := a.log.LastSequence(actx, a.subject)
+				if err != nil {
+					return err
+				}
+				a.mu.Lock()
+				a.lastSeq, a.known, last = seq, true, seq
+				a.mu.Unlock()
+			}
+			opts := events.Expect(last)
+			opts.MsgID = fmt.Sprintf("%s@%d", a.subject, last+1)
+			ack, err := a.log.Append(actx, a.subject, ev, opts)
+			if err != nil {
+				return err
+			}
+			a.mu.Lock()
+			a.lastSeq = ack.Sequence
+			a.queue = a.queue[1:]
+			a.mu.Unlock()
+			if a.onAppended != nil {
+				a.onAppended(ev, ack)
+			}
+			return nil
+		}()
+		switch {
+		case err == nil:
+			backoff = 100 * time.Millisecond
+		case errors.Is(err, events.ErrConflict):
+			a.mu.Lock()
+			lost := len(a.queue)
+			a.mu.Unlock()
+			a.logger.Error("another process appends to this actor's subject: stopping its appender",
+				"subject", a.subject, "expected_last_seq", last, "queued", lost, "err", err)
+			if a.onConflict != nil {
+				a.onConflict(err)
+			}
+			return
+		case ctx.Err() != nil:
+			return
+		default:
+			a.logger.Warn("event append failed, retrying", "subject", a.subject, "type", ev.EventType(), "retry_in", backoff, "err", err)
+			select {
+			case <-time.After(backoff):
+			case <-a.stopped:
+				return
+			}
+			backoff = min(backoff*2, 5*time.Second)
+		}
+	}
+}

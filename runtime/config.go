@@ -1,0 +1,466 @@
+package runtime
+
+import (
+	"understudy/actors"
+
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Defaults of a node's configuration; [DefaultConfig] fills them in.
+const (
+	DefaultNATSListen     = "127.0.0.1:4222"
+	DefaultHTTPAddr       = "127.0.0.1:9464"
+	DefaultFailoverBucket = "understudy_failover"
+	DefaultFleetBucket    = "understudy_fleet"
+	DefaultEventsStream   = "UNDERSTUDY_EVENTS"
+
+	// DefaultExternalReplicas is the replica count of the assets on an
+	// external NATS cluster when none is configured.
+	DefaultExternalReplicas = 3
+
+	// MaxReplicas is the largest replica count JetStream accepts.
+	MaxReplicas = 5
+
+	DefaultRetryInitial = 250 * time.Millisecond
+	DefaultRetryMax     = 30 * time.Second
+)
+
+// Config is a node's configuration as the operator writes it: CLI flags and
+// the YAML node file both fill this one struct. Start from [DefaultConfig]
+// (unmarshal a file onto it so absent keys keep their defaults) and call
+// [Config.Validate] once, at load; [Serve] validates again and uses only the
+// typed values validation produces, never these strings.
+type Config struct {
+	// DataDir holds the embedded server's JetStream store. Unused with NATS.URL.
+	DataDir string       `yaml:"data_dir"`
+	NATS    NATSConfig   `yaml:"nats"`
+	Assets  AssetsConfig `yaml:"assets"`
+	// HTTP is the host:port of /healthz and /metrics; port 0 picks a free one.
+	HTTP string    `yaml:"http"`
+	Log  LogConfig `yaml:"log"`
+
+	// Node is this node's name: the site as which it runs pair members
+	// whose entry names no member.
+	Node string `yaml:"node"`
+	// Pairs are the failover pair members this node hosts.
+	Pairs []PairMember `yaml:"pairs"`
+	// BaseDir resolves relative pair file paths: the node file's directory.
+	BaseDir string `yaml:"-"`
+
+	// Logger, when set, receives every log line and Log is only validated.
+	// It is how tests and embedding programs capture the logs.
+	Logger *slog.Logger `yaml:"-"`
+	// LogOutput is where lines formatted per Log go when Logger is nil;
+	// os.Stderr when nil.
+	LogOutput io.Writer `yaml:"-"`
+}
+
+// NATSConfig chooses between the embedded server (URL empty) and an external
+// NATS (URL set), and holds the external connection's credentials and TLS.
+type NATSConfig struct {
+	// Listen is the embedded server's client host:port; port 0 or -1 picks a
+	// free one.
+	Listen string `yaml:"listen"`
+
+	// URL is one or more comma-separated nats:// or tls:// URLs of an
+	// external NATS; when set, no server is embedded.
+	URL      string `yaml:"url"`
+	User     string `yaml:"user"`
+	Password string `yaml:"password"`
+	// Creds is a .creds file (user JWT and nkey seed); excludes User/Password.
+	Creds string    `yaml:"creds"`
+	TLS   TLSConfig `yaml:"tls"`
+
+	// Retry paces connection attempts while NATS is unreachable at start.
+	Retry RetryConfig `yaml:"retry"`
+}
+
+// TLSConfig is the client side of TLS to an external NATS.
+type TLSConfig struct {
+	CA         string `yaml:"ca"`   // PEM bundle of the CAs to trust; system roots when empty
+	Cert       string `yaml:"cert"` // client certificate (PEM), with Key
+	Key        string `yaml:"key"`  // client private key (PEM), with Cert
+	ServerName string `yaml:"server_name"`
+	// Insecure skips verification of the server's certificate. For tests
+	// only: it is logged as a warning.
+	Insecure bool `yaml:"insecure"`
+}
+
+// RetryConfig is a capped exponential backoff: delays start at Initial,
+// double per attempt up to Max, and are jittered.
+type RetryConfig struct {
+	Initial time.Duration `yaml:"initial"`
+	Max     time.Duration `yaml:"max"`
+}
+
+// AssetsConfig names the JetStream assets and sets their replica count.
+type AssetsConfig struct {
+	// Replicas of every asset; 0 picks 1 with the embedded server and
+	// DefaultExternalReplicas with an external NATS.
+	Replicas       int    `yaml:"replicas"`
+	FailoverBucket string `yaml:"failover_bucket"`
+	FleetBucket    string `yaml:"fleet_bucket"`
+	EventsStream   string `yaml:"events_stream"`
+}
+
+// LogConfig sets the log level (debug, info, warn, error) and format (text, json).
+type LogConfig struct {
+	Level  string `yaml:"level"`
+	Format string `yaml:"format"`
+}
+
+// DefaultConfig returns a configuration for an embedded single node with the
+// default data directory ([DefaultDataDir]).
+func DefaultConfig() Config {
+	return Config{
+		DataDir: DefaultDataDir(),
+		NATS: NATSConfig{
+			Listen: DefaultNATSListen,
+			Retry:  RetryConfig{Initial: DefaultRetryInitial, Max: DefaultRetryMax},
+		},
+		Assets: AssetsConfig{
+			FailoverBucket: DefaultFailoverBucket,
+			FleetBucket:    DefaultFleetBucket,
+			EventsStream:   DefaultEventsStream,
+		},
+		HTTP: DefaultHTTPAddr,
+		Log:  LogConfig{Level: "info", Format: "text"},
+	}
+}
+
+// DefaultDataDir is $XDG_STATE_HOME/understudy, or ~/.local/state/understudy
+// when XDG_STATE_HOME is unset; "" when neither can be determined.
+func DefaultDataDir() string {
+	if d := os.Getenv("XDG_STATE_HOME"); filepath.IsAbs(d) {
+		return filepath.Join(d, "understudy")
+	}
+	home, err := os.UserHomeDir()
+	if err != nil || home == "" {
+		return ""
+	}
+	return filepath.Join(home, ".local", "state", "understudy")
+}
+
+// ConfigError is the module's one configuration error type: Field is the
+// value's path in the YAML node file (the CLI maps it to its flag).
+type ConfigError = actors.ConfigError
+
+// LogFormat is the encoding of log lines.
+type LogFormat int
+
+const (
+	LogText LogFormat = iota + 1 // logfmt-style key=value
+	LogJSON                      // one JSON object per line
+)
+
+func (f LogFormat) String() string {
+	switch f {
+	case LogText:
+		return "text"
+	case LogJSON:
+		return "json"
+	}
+	return "LogFormat(" + strconv.Itoa(int(f)) + ")"
+}
+
+// settings are a Config's typed values, produced only by Config.resolve.
+type settings struct {
+	embedded bool
+
+	dataDir    string
+	listenHost string
+	listenPort int // -1: any free port
+
+	urls        string // as given, comma-separated; for nats.Connect
+	user        string
+	password    string
+	creds       string
+	tls         *tls.Config // nil: no TLS options given
+	tlsInsecure bool
+	retry       RetryConfig
+
+	replicas       int
+	failoverBucket string
+	fleetBucket    string
+	eventsStream   string
+
+	httpAddr  string
+	logLevel  slog.Level
+	logFormat LogFormat
+
+	members []MemberConfig
+}
+
+// Validate checks every value and returns all the broken rules at once, as
+// *ConfigError values joined with errors.Join (use errors.As to get one).
+// It reads the TLS and credentials files, so it reports missing or malformed
+// ones too.
+func (c Config) Validate() error {
+	_, err := c.resolve()
+	return err
+}
+
+var (
+	// bucket and stream names as JetStream accepts them.
+	assetNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+)
+
+func (c Config) resolve() (settings, error) {
+	var errs []error
+	bad := func(field, rule, value string) {
+		errs = append(errs, &ConfigError{Field: field, Rule: rule, Value: value})
+	}
+	s := settings{
+		embedded:       strings.TrimSpace(c.NATS.URL) == "",
+		urls:           strings.TrimSpace(c.NATS.URL),
+		user:           c.NATS.User,
+		password:       c.NATS.Password,
+		creds:          c.NATS.Creds,
+		retry:          c.NATS.Retry,
+		failoverBucket: c.Assets.FailoverBucket,
+		fleetBucket:    c.Assets.FleetBucket,
+		eventsStream:   c.Assets.EventsStream,
+	}
+
+	if s.embedded {
+		if c.DataDir == "" {
+			bad("data_dir", "must be set with the embedded server (--data-dir)", c.DataDir)
+		} else if abs, err := filepath.Abs(c.DataDir); err != nil {
+			bad("data_dir", "must be a usable path: "+err.Error(), c.DataDir)
+		} else {
+			s.dataDir = abs
+		}
+		host, port, err := splitListen(c.NATS.Listen, true)
+		if err != nil {
+			bad("nats.listen", err.Error(), c.NATS.Listen)
+		}
+		s.listenHost, s.listenPort = host, port
+		if port == 0 {
+			// nats-server reads port 0 as its default 4222; we mean "any".
+			s.listenPort = -1
+		}
+		for _, f := range []struct{ field, v string }{
+			{"nats.user", c.NATS.User}, {"nats.password", c.NATS.Password}, {"nats.creds", c.NATS.Creds},
+			{"nats.tls.ca", c.NATS.TLS.CA}, {"nats.tls.cert", c.NATS.TLS.Cert}, {"nats.tls.key", c.NATS.TLS.Key},
+			{"nats.tls.server_name", c.NATS.TLS.ServerName},
+		} {
+			if f.v != "" {
+				bad(f.field, "applies only to an external NATS: set nats.url (--nats-url) too", f.v)
+			}
+		}
+		if c.NATS.TLS.Insecure {
+			bad("nats.tls.insecure", "applies only to an external NATS: set nats.url (--nats-url) too", "true")
+		}
+	} else {
+		for _, u := range strings.Split(s.urls, ",") {
+			if err := checkNATSURL(strings.TrimSpace(u)); err != nil {
+				bad("nats.url", err.Error(), redactURLs(u))
+			}
+		}
+		if (c.NATS.User == "") != (c.NATS.Password == "") {
+			if c.NATS.User == "" {
+				bad("nats.user", "must be set together with nats.password", "")
+			} else {
+				bad("nats.password", "must be set together with nats.user", "")
+			}
+		}
+		if c.NATS.Creds != "" {
+			if c.NATS.User != "" {
+				bad("nats.creds", "excludes nats.user/nats.password: choose one way to authenticate", c.NATS.Creds)
+			}
+			if err := readableFile(c.NATS.Creds); err != nil {
+				bad("nats.creds", "must be a readable file: "+err.Error(), c.NATS.Creds)
+			}
+		}
+		tc, tlsErrs := c.NATS.TLS.resolve()
+		errs = append(errs, tlsErrs...)
+		s.tls, s.tlsInsecure = tc, c.NATS.TLS.Insecure
+	}
+
+	if s.retry.Initial <= 0 {
+		bad("nats.retry.initial", "must be a positive duration", s.retry.Initial.String())
+	}
+	if s.retry.Max < s.retry.Initial {
+		bad("nats.retry.max", "must be at least nats.retry.initial ("+s.retry.Initial.String()+")", s.retry.Max.String())
+	}
+
+	switch r := c.Assets.Replicas; {
+	case r == 0 && s.embedded:
+		s.replicas = 1
+	case r == 0:
+		s.replicas = DefaultExternalReplicas
+	case r < 1 || r > MaxReplicas:
+		bad("assets.replicas", fmt.Sprintf("must be 1..%d (0 picks 1 embedded, %d with nats.url)", MaxReplicas, DefaultExternalReplicas), strconv.Itoa(r))
+	case r > 1 && s.embedded:
+		bad("assets.replicas", "must be 1 with the embedded server, which holds one copy: join a NATS cluster with nats.url (--nats-url) for more", strconv.Itoa(r))
+	default:
+		s.replicas = r
+	}
+	names := map[string]string{}
+	for _, a := range []struct{ field, name string }{
+		{"assets.failover_bucket", s.failoverBucket},
+		{"assets.fleet_bucket", s.fleetBucket},
+		{"assets.events_stream", s.eventsStream},
+	} {
+		if !assetNameRE.MatchString(a.name) {
+			bad(a.field, "must be a JetStream name: letters, digits, '_' and '-' only", a.name)
+		} else if other, dup := names[a.name]; dup {
+			bad(a.field, "must differ from "+other, a.name)
+		}
+		names[a.name] = a.field
+	}
+
+	members, perrs := resolvePairs(c.Node, c.Pairs, c.BaseDir)
+	errs = append(errs, perrs...)
+	s.members = members
+
+	if _, _, err := splitListen(c.HTTP, false); err != nil {
+		bad("http", err.Error(), c.HTTP)
+	}
+	s.httpAddr = c.HTTP
+
+	if err := s.logLevel.UnmarshalText([]byte(c.Log.Level)); err != nil || !isNamedLevel(c.Log.Level) {
+		bad("log.level", "must be one of debug, info, warn, error", c.Log.Level)
+	}
+	switch strings.ToLower(c.Log.Format) {
+	case "text":
+		s.logFormat = LogText
+	case "json":
+		s.logFormat = LogJSON
+	default:
+		bad("log.format", "must be text or json", c.Log.Format)
+	}
+
+	if len(errs) > 0 {
+		return settings{}, errors.Join(errs...)
+	}
+	return s, nil
+}
+
+func isNamedLevel(s string) bool {
+	switch strings.ToLower(s) {
+	case "debug", "info", "warn", "error":
+		return true
+	}
+	return false
+}
+
+// splitListen parses host:port. Port -1 is accepted only when allowRandom.
+func splitListen(addr string, allowRandom bool) (string, int, error) {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, errors.New("must be host:port, e.g. 127.0.0.1:4222")
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port > 65535 || port < -1 || (port == -1 && !allowRandom) {
+		if allowRandom {
+			return "", 0, errors.New("must be host:port with port 0..65535 (0 or -1: any free port)")
+		}
+		return "", 0, errors.New("must be host:port with port 0..65535 (0: any free port)")
+	}
+	return host, port, nil
+}
+
+func checkNATSURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		return errors.New("must be a URL like nats://host:4222 (comma-separate several)")
+	}
+	switch u.Scheme {
+	case "nats", "tls", "ws", "wss":
+		return nil
+	}
+	return errors.New("must use the scheme nats, tls, ws or wss")
+}
+
+func readableFile(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+func (t TLSConfig) resolve() (*tls.Config, []error) {
+	if t == (TLSConfig{}) {
+		return nil, nil
+	}
+	var errs []error
+	bad := func(field, rule, value string) {
+		errs = append(errs, &ConfigError{Field: field, Rule: rule, Value: value})
+	}
+	tc := &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		ServerName:         t.ServerName,
+		InsecureSkipVerify: t.Insecure, // opt-in; Serve logs it as a warning
+	}
+	if t.CA != "" {
+		pem, err := os.ReadFile(t.CA)
+		pool := x509.NewCertPool()
+		switch {
+		case err != nil:
+			bad("nats.tls.ca", "must be a readable PEM file: "+err.Error(), t.CA)
+		case !pool.AppendCertsFromPEM(pem):
+			bad("nats.tls.ca", "must contain at least one PEM certificate", t.CA)
+		default:
+			tc.RootCAs = pool
+		}
+	}
+	switch {
+	case t.Cert != "" && t.Key == "":
+		bad("nats.tls.key", "must be set together with nats.tls.cert", "")
+	case t.Key != "" && t.Cert == "":
+		bad("nats.tls.cert", "must be set together with nats.tls.key", "")
+	case t.Cert != "":
+		pair, err := tls.LoadX509KeyPair(t.Cert, t.Key)
+		if err != nil {
+			bad("nats.tls.cert", "must be a PEM certificate matching nats.tls.key: "+err.Error(), t.Cert)
+		} else {
+			tc.Certificates = []tls.Certificate{pair}
+		}
+	}
+	return tc, errs
+}
+
+// redactURLs hides passwords in a comma-separated URL list, for logs and errors.
+func redactURLs(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		if u, err := url.Parse(strings.TrimSpace(p)); err == nil {
+			parts[i] = u.Redacted()
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// LoadConfigFile reads a YAML node file onto DefaultConfig (absent keys
+// keep their defaults; unknown keys are refused). Validate the result.
+func LoadConfigFile(path string) (Config, error) {
+	c := DefaultConfig()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return c, fmt.Errorf("node file: %w", err)
+	}
+	if err := decodeStrict(data, &c); err != nil {
+		return c, fmt.Errorf("node file %s: %w", path, err)
+	}
+	abs, err := filepath.Abs(filepath.Dir(path))
+	if err != nil {
+		return c, fmt.Errorf("node file %s: %w", path, err)
+	}
+	c.BaseDir = abs
+	return c, nil
+}

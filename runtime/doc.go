@@ -1,0 +1,22 @@
+// Package runtime hosts understudy on a node: it is where the pure behaviour
+// of actors/ meets the network, the disk and the clock.
+//
+// It owns, in start-up order:
+//
+//   - configuration: [Config], validated in one place ([Config.Validate]) into
+//     typed values; the CLI flags and the YAML node file both fill it;
+//   - NATS: an embedded nats-server with JetStream in a local data directory
+//     and synchronous fsync ([StartEmbedded], the default), or a connection to
+//     an existing NATS cluster with credentials and TLS, retried with capped,
+//     jittered exponential backoff while it is unreachable ([Connect]);
+//   - provisioning: idempotent creation and update of the JetStream assets
+//     (KV buckets and the event stream), reporting what NATS cannot change
+//     ([Provision], [Provisioned]);
+//   - later, the hollywood engine that hosts the actors, fed by JetStream;
+//   - health and metrics over HTTP (/healthz, Prometheus /metrics);
+//   - graceful shutdown in reverse order: HTTP, the NATS connection, the
+//     embedded server ([Serve]).
+//
+// runtime may import events, actors, hollywood and nats-server; only
+// cmd/understudy imports runtime.
+package runtime

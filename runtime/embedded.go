@@ -1,0 +1,181 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// EmbeddedConfig is what an embedded nats-server needs.
+type EmbeddedConfig struct {
+	// DataDir holds the JetStream store (created 0700 if missing).
+	DataDir string
+	// Host and Port are the client listen address; Port -1 picks a free port.
+	// (nats-server reads Port 0 as 4222.)
+	Host string
+	Port int
+	// ServerName names the server in logs and JetStream; the server ID when empty.
+	ServerName string
+	// ReadyTimeout bounds the wait for the server to accept clients; 10s when zero.
+	ReadyTimeout time.Duration
+}
+
+// EmbeddedNATS is a nats-server with JetStream running in this process.
+//
+// Its JetStream store syncs every write to disk before acknowledging it
+// (SyncAlways): the file store otherwise fsyncs only every two minutes, and
+// the leadership register must not lose acknowledged writes on power loss.
+type EmbeddedNATS struct {
+	srv  *server.Server
+	log  *slog.Logger
+	once sync.Once
+}
+
+// StartEmbedded starts a nats-server with JetStream in cfg.DataDir and waits
+// until it accepts clients. Its logs go to log: notices (the start-up
+// banner and the like) at debug, warnings and errors at warn and error.
+// The server installs no signal handlers: the caller owns shutdown and must
+// call Shutdown.
+func StartEmbedded(cfg EmbeddedConfig, log *slog.Logger) (*EmbeddedNATS, error) {
+	if cfg.DataDir == "" {
+		return nil, errors.New("runtime: embedded nats: empty data directory")
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("runtime: embedded nats: data directory: %w", err)
+	}
+	if cfg.ReadyTimeout <= 0 {
+		cfg.ReadyTimeout = 10 * time.Second
+	}
+	log = log.With("component", "nats-server")
+	opts := &server.Options{
+		ServerName: cfg.ServerName,
+		Host:       cfg.Host,
+		Port:       cfg.Port,
+		JetStream:  true,
+		StoreDir:   cfg.DataDir,
+		SyncAlways: true,
+		// The caller handles SIGINT/SIGTERM and shuts the server down in order.
+		NoSigs: true,
+	}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("runtime: embedded nats: %w", err)
+	}
+	sl := &serverLogger{log: log}
+	srv.SetLoggerV2(sl, log.Enabled(context.Background(), slog.LevelDebug), false, false)
+	srv.Start()
+
+	// Poll readiness in short slices so that a fatal start-up error (port in
+	// use, store not writable) is returned at once, not after the timeout.
+	deadline := time.Now().Add(cfg.ReadyTimeout)
+	for !srv.ReadyForConnections(50 * time.Millisecond) {
+		if msg := sl.fatal(); msg != "" || time.Now().After(deadline) {
+			srv.Shutdown()
+			srv.WaitForShutdown()
+			if msg == "" {
+				msg = "not ready for connections after " + cfg.ReadyTimeout.String()
+			}
+			return nil, fmt.Errorf("runtime: embedded nats on %s: %s", net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)), msg)
+		}
+	}
+	if !srv.JetStreamEnabled() {
+		msg := sl.fatal()
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		return nil, fmt.Errorf("runtime: embedded nats: JetStream not enabled: %s", msg)
+	}
+	e := &EmbeddedNATS{srv: srv, log: log}
+	log.Info("embedded nats started", "client_url", e.ClientURL(), "store_dir", srv.StoreDir(), "sync_always", true)
+	return e, nil
+}
+
+// ClientURL is the URL clients connect to (the real port when -1 was asked).
+func (e *EmbeddedNATS) ClientURL() string {
+	return e.srv.ClientURL()
+}
+
+// dialURL is ClientURL with an unspecified listen address (0.0.0.0, ::)
+// replaced by loopback, so the node itself can connect to it.
+func (e *EmbeddedNATS) dialURL() string {
+	addr, ok := e.srv.Addr().(*net.TCPAddr)
+	if !ok {
+		return e.ClientURL()
+	}
+	ip := addr.IP
+	if ip.IsUnspecified() {
+		if ip.To4() != nil {
+			ip = net.IPv4(127, 0, 0, 1)
+		} else {
+			ip = net.IPv6loopback
+		}
+	}
+	return "nats://" + net.JoinHostPort(ip.String(), strconv.Itoa(addr.Port))
+}
+
+// Server is the running nats-server, for inspection.
+func (e *EmbeddedNATS) Server() *server.Server {
+	return e.srv
+}
+
+// Shutdown stops the server and waits until it has stopped. Safe to call
+// more than once.
+func (e *EmbeddedNATS) Shutdown() {
+	e.once.Do(func() {
+		e.srv.Shutdown()
+		e.srv.WaitForShutdown()
+		e.log.Info("embedded nats stopped")
+	})
+}
+
+// serverLogger routes nats-server's logger to slog. It remembers the last
+// fatal message: nats-server reports start-up failures (listen, JetStream)
+// through Fatalf, which here does not exit the process.
+type serverLogger struct {
+	log *slog.Logger
+
+	mu       sync.Mutex
+	lastFail string
+}
+
+func (l *serverLogger) Noticef(format string, v ...any) {
+	l.log.Debug(fmt.Sprintf(format, v...))
+}
+
+func (l *serverLogger) Warnf(format string, v ...any) {
+	l.log.Warn(fmt.Sprintf(format, v...))
+}
+
+func (l *serverLogger) Fatalf(format string, v ...any) {
+	msg := fmt.Sprintf(format, v...)
+	l.mu.Lock()
+	l.lastFail = msg
+	l.mu.Unlock()
+	l.log.Error(msg, "fatal", true)
+}
+
+func (l *serverLogger) Errorf(format string, v ...any) {
+	l.log.Error(fmt.Sprintf(format, v...))
+}
+
+func (l *serverLogger) Debugf(format string, v ...any) {
+	l.log.Debug(fmt.Sprintf(format, v...))
+}
+
+// Tracef is protocol tracing; enabled never (see SetLoggerV2 in StartEmbedded).
+func (l *serverLogger) Tracef(format string, v ...any) {
+	l.log.Log(context.Background(), slog.LevelDebug-4, fmt.Sprintf(format, v...))
+}
+
+func (l *serverLogger) fatal() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lastFail
+}

@@ -1,0 +1,90 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/anthdm/hollywood/actor"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"understudy/actors/failover"
+	"understudy/actors/procedure"
+	"understudy/events"
+)
+
+// Codec returns a registry with every event type understudy records.
+func Codec() *events.Registry {
+	reg := events.NewRegistry()
+	for _, register := range []func(*events.Registry) error{failover.RegisterEvents, procedure.RegisterEvents} {
+		if err := register(reg); err != nil {
+			panic(fmt.Sprintf("runtime: event registration: %v", err)) // a programming error
+		}
+	}
+	return reg
+}
+
+// HostOptions tune a Host.
+type HostOptions struct {
+	Logger  *slog.Logger
+	Drivers procedure.Drivers // procedure.DefaultDrivers() when nil
+	Observe func(Transition)  // see MemberDeps.Observe
+}
+
+// Host runs pair members as hollywood actors on one NATS connection.
+type Host struct {
+	engine *actor.Engine
+	pids   []*actor.PID
+	Log    events.Log
+	KV     events.KV
+}
+
+// StartHost spawns one member actor per entry of members. The stream and
+// bucket must exist (Provision creates them).
+func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket string, members []MemberConfig, opts HostOptions) (*Host, error) {
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	drivers := opts.Drivers
+	if drivers == nil {
+		drivers = procedure.DefaultDrivers()
+	}
+	evlog, err := events.NewJetStreamLog(js, stream, Codec())
+	if err != nil {
+		return nil, err
+	}
+	kv, err := events.NewJetStreamKV(ctx, js, bucket)
+	if err != nil {
+		return nil, err
+	}
+	engine, err := actor.NewEngine(actor.NewEngineConfig())
+	if err != nil {
+		return nil, fmt.Errorf("runtime: actor engine: %w", err)
+	}
+	h := &Host{engine: engine, Log: evlog, KV: kv}
+	for _, mc := range members {
+		deps := MemberDeps{Log: evlog, KV: kv, Drivers: drivers, Logger: logger, Observe: opts.Observe}
+		pid := engine.Spawn(NewMemberActor(mc, deps), "member", actor.WithID(mc.Rules.Pair+"."+mc.Site))
+		h.pids = append(h.pids, pid)
+		logger.Info("member started", "pair", mc.Rules.Pair, "site", mc.Site)
+	}
+	return h, nil
+}
+
+// Stop stops every member (their resources with them) and waits for them.
+// It does not fence: a member stopping leaves its resource as it is, and
+// the next start comes up fenced.
+func (h *Host) Stop(ctx context.Context) {
+	var waits []context.Context
+	for _, pid := range h.pids {
+		waits = append(waits, h.engine.Poison(pid))
+	}
+	for _, w := range waits {
+		select {
+		case <-w.Done():
+		case <-ctx.Done():
+			return
+		}
+	}
+}

@@ -1,0 +1,332 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/anthdm/hollywood/actor"
+
+	"understudy/actors/failover"
+	"understudy/actors/procedure"
+	"understudy/events"
+)
+
+// MemberConfig is one member of one pair hosted on this node.
+type MemberConfig struct {
+	Rules      failover.Rules
+	Site       string
+	Procedures procedure.Spec
+	Options    failover.Options
+}
+
+// Transition is an event one of a member's actors recorded, for live
+// displays (understudy demo). At is the local wall time it was produced.
+type Transition struct {
+	Pair  string
+	Site  string
+	Event events.Event
+	At    time.Time
+}
+
+// MemberDeps are what a member's actors use. Log and KV must outlive them.
+type MemberDeps struct {
+	Log     events.Log // the event stream (UNDERSTUDY_EVENTS)
+	KV      events.KV  // the failover bucket
+	Drivers procedure.Drivers
+	Logger  *slog.Logger
+	// Observe, when set, is called for every event the member or its
+	// resource records, from the actor's goroutine: it must not block.
+	Observe func(Transition)
+}
+
+// Messages of the member actor.
+type (
+	memberTick     struct{ gen uint64 }
+	memberInput    struct{ in failover.Input }
+	memberConflict struct{ err error }
+	watchFailed    struct{ err error }
+)
+
+// memberActor hosts one failover.Member: it feeds it the pair's KV watch,
+// real timers, write results and procedure results, and carries out what
+// the member asks (writes, procedures); events go to the member's subject.
+type memberActor struct {
+	cfg  MemberConfig
+	deps MemberDeps
+	log  *slog.Logger
+
+	m        *failover.Member
+	base     time.Time // monotonic origin of the member's clock
+	pid      *actor.PID
+	engine   *actor.Engine
+	resource *actor.PID
+	app      *appender
+	ctx      context.Context
+	cancel   context.CancelFunc
+	timer    *time.Timer
+	tickGen  uint64
+}
+
+// NewMemberActor returns the producer of a member actor for cfg.
+func NewMemberActor(cfg MemberConfig, deps MemberDeps) actor.Producer {
+	return func() actor.Receiver {
+		logger := deps.Logger
+		if logger == nil {
+			logger = slog.Default()
+		}
+		return &memberActor{cfg: cfg, deps: deps, log: logger.With("pair", cfg.Rules.Pair, "site", cfg.Site)}
+	}
+}
+
+func (a *memberActor) now() time.Duration { return time.Since(a.base) }
+
+func (a *memberActor) Receive(c *actor.Context) {
+	switch msg := c.Message().(type) {
+	case actor.Started:
+		a.started(c)
+	case actor.Stopped:
+		a.stopped()
+	case memberTick:
+		if msg.gen == a.tickGen {
+			a.step(failover.Tick{})
+		}
+	case memberInput:
+		a.step(msg.in)
+	case procDone:
+		a.step(failover.ProcedureResult{Kind: failover.ProcKind(msg.res.Kind), Seq: msg.res.Seq, OK: msg.res.OK, Detail: msg.res.Detail})
+	case memberConflict:
+		a.log.Error("member stops: its event subject is written by another process", "err", msg.err)
+		c.Engine().Poison(c.PID())
+	case watchFailed:
+		a.log.Warn("kv watch failed; re-watching", "err", msg.err)
+	}
+}
+
+func (a *memberActor) started(c *actor.Context) {
+	a.pid, a.engine, a.base = c.PID(), c.Engine(), time.Now()
+	a.ctx, a.cancel = context.WithCancel(context.Background())
+	m, err := failover.NewMember(a.cfg.Site, a.cfg.Rules, a.cfg.Options)
+	if err != nil {
+		a.log.Error("member refused its rules", "err", err)
+		c.Engine().Poison(c.PID())
+		return
+	}
+	a.m = m
+	subject := failover.Subject(a.cfg.Rules.Pair, a.cfg.Site)
+	a.app = newAppender(a.deps.Log, subject, a.log)
+	a.app.onConflict = func(err error) { a.engine.Send(a.pid, memberConflict{err}) }
+	a.app.onAppended = a.observed
+	if last, n, ok := a.replay(subject); ok {
+		a.app.setLast(last)
+		a.log.Info("member replayed its log", "subject", subject, "events", n, "last_seq", last, "term", m.Term())
+	}
+	a.app.start()
+	a.resource = c.SpawnChild(newResourceActor(a.cfg, a.deps), "resource")
+	go a.watch()
+	a.handle(a.m.Start(a.now()))
+	a.schedule()
+}
+
+// replay folds the member's own subject into the fresh member. It is best
+// effort: a member always starts fenced, so a log it cannot read (NATS
+// down) costs history, not safety; the appender then reads the last
+// sequence itself before its first append.
+func (a *memberActor) replay(subject string) (last uint64, n int, ok bool) {
+	ctx, cancel := context.WithTimeout(a.ctx, 5*time.Second)
+	defer cancel()
+	codec := a.deps.Log.Codec()
+	for rec, err := range a.deps.Log.Read(ctx, events.ReadOptions{Subject: subject}) {
+		if err != nil {
+			a.log.Warn("member log not readable at start; starting fenced without history", "subject", subject, "err", err)
+			return 0, 0, false
+		}
+		last = rec.Sequence
+		ev, err := codec.DecodeRecord(rec)
+		if err != nil {
+			a.log.Error("corrupt event in member log, skipped", "subject", rec.Subject, "seq", rec.Sequence, "err", err)
+			continue
+		}
+		if u, unknown := ev.(*events.Unknown); unknown {
+			a.log.Warn("unknown event in member log, kept and skipped", "subject", rec.Subject, "seq", rec.Sequence, "type", u.Type, "version", u.Version)
+			continue
+		}
+		a.m.Apply(ev)
+		n++
+	}
+	return last, n, true
+}
+
+func (a *memberActor) stopped() {
+	if a.cancel != nil {
+		a.cancel()
+	}
+	if a.timer != nil {
+		a.timer.Stop()
+	}
+	if a.app != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		if err := a.app.flush(ctx); err != nil {
+			a.log.Warn("member stopped with events unwritten", "err", err)
+		}
+		cancel()
+		a.app.stop()
+	}
+}
+
+func (a *memberActor) step(in failover.Input) {
+	if a.m == nil {
+		return
+	}
+	a.handle(a.m.Step(a.now(), in))
+	a.schedule()
+}
+
+func (a *memberActor) schedule() {
+	a.tickGen++
+	gen := a.tickGen
+	d := a.m.NextWake() - a.now()
+	if d < time.Millisecond {
+		d = time.Millisecond
+	}
+	if a.timer != nil {
+		a.timer.Stop()
+	}
+	a.timer = time.AfterFunc(d, func() { a.engine.Send(a.pid, memberTick{gen}) })
+}
+
+func (a *memberActor) observed(ev events.Event, _ events.Ack) {
+	if a.deps.Observe != nil {
+		a.deps.Observe(Transition{Pair: a.cfg.Rules.Pair, Site: a.cfg.Site, Event: ev, At: time.Now()})
+	}
+}
+
+func (a *memberActor) handle(r failover.Ready) {
+	for _, ev := range r.Events {
+		a.log.Debug("transition", "event", ev.EventType(), "phase", a.m.Phase(), "term", a.m.Term())
+	}
+	a.app.add(r.Events...)
+	for _, w := range r.Writes {
+		go a.write(w)
+	}
+	for _, p := range r.Procedures {
+		a.engine.Send(a.resource, runChain{kind: procedure.ChainKind(p.Kind), seq: p.Seq})
+	}
+}
+
+// write performs one KV write and answers it. It runs on its own
+// goroutine; its deadline is the member's.
+func (a *memberActor) write(w failover.Write) {
+	timeout := w.Deadline - a.now()
+	if timeout <= 0 {
+		return // the member has already counted it as failed
+	}
+	ctx, cancel := context.WithTimeout(a.ctx, timeout)
+	defer cancel()
+	var rev uint64
+	var err error
+	switch {
+	case w.Put:
+		rev, err = a.deps.KV.Put(ctx, w.Key, w.Value)
+	case w.ExpectRev == 0:
+		rev, err = a.deps.KV.Create(ctx, w.Key, w.Value)
+	default:
+		rev, err = a.deps.KV.Update(ctx, w.Key, w.Value, w.ExpectRev)
+	}
+	if a.ctx.Err() != nil {
+		return
+	}
+	res := failover.WriteResult{Op: w.Op, Err: failover.WriteOK, Revision: rev}
+	switch {
+	case err == nil:
+	case errors.Is(err, events.ErrConflict):
+		res.Err = failover.WriteConflict
+		if w.Key == failover.LeaderKey(a.cfg.Rules.Pair) {
+			// Tell the member who holds the register, so it can tell its own
+			// late write from a rival's.
+			gctx, gcancel := context.WithTimeout(a.ctx, time.Second)
+			if e, gerr := a.deps.KV.Get(gctx, w.Key); gerr == nil {
+				if l, derr := failover.DecodeLeader(e.Value); derr == nil {
+					res.Current = &failover.LeaderEntry{Rev: e.Revision, Time: e.Time, Value: l}
+				}
+			}
+			gcancel()
+		}
+	default:
+		res.Err, res.Cause = failover.WriteUnavailable, err.Error()
+	}
+	a.engine.Send(a.pid, memberInput{res})
+}
+
+// watch feeds the pair's keys to the member, re-watching after failures.
+func (a *memberActor) watch() {
+	pattern := a.cfg.Rules.Pair + ".>"
+	backoff := 100 * time.Millisecond
+	for a.ctx.Err() == nil {
+		w, err := a.deps.KV.Watch(a.ctx, pattern, events.WatchOptions{})
+		if err != nil {
+			if a.ctx.Err() != nil {
+				return
+			}
+			a.engine.Send(a.pid, watchFailed{err})
+			select {
+			case <-time.After(backoff):
+			case <-a.ctx.Done():
+				return
+			}
+			backoff = min(backoff*2, 5*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		for e := range w.Updates() {
+			if e.Revision == 0 {
+				a.engine.Send(a.pid, memberInput{failover.Synced{}})
+				continue
+			}
+			if in := a.input(e); in != nil {
+				a.engine.Send(a.pid, memberInput{in})
+			}
+		}
+		_ = w.Stop()
+	}
+}
+
+// input turns a KV entry of the pair into a member input (nil: not one).
+func (a *memberActor) input(e events.Entry) failover.Input {
+	pair := a.cfg.Rules.Pair
+	if e.Op != events.OpPut {
+		return nil
+	}
+	switch {
+	case e.Key == failover.LeaderKey(pair):
+		l, err := failover.DecodeLeader(e.Value)
+		if err != nil {
+			a.log.Error("corrupt leader register value, ignored", "key", e.Key, "revision", e.Revision, "err", err)
+			return nil
+		}
+		return failover.LeaderObserved{Entry: failover.LeaderEntry{Rev: e.Revision, Time: e.Time, Value: l}}
+	case strings.HasPrefix(e.Key, pair+".hb."):
+		h, err := failover.DecodeHeartbeat(e.Value)
+		if err != nil {
+			a.log.Error("corrupt heartbeat value, ignored", "key", e.Key, "revision", e.Revision, "err", err)
+			return nil
+		}
+		return failover.HeartbeatObserved{Rev: e.Revision, Time: e.Time, Value: h}
+	case e.Key == failover.ConfigKey(pair):
+		r, err := failover.DecodeRules(e.Value)
+		if err != nil {
+			return failover.ConfigObserved{Rev: e.Revision, DecodeErr: err.Error()}
+		}
+		return failover.ConfigObserved{Rev: e.Revision, Rules: r}
+	case e.Key == failover.SwitchoverKey(pair):
+		s, err := failover.DecodeSwitchover(e.Value)
+		if err != nil {
+			a.log.Error("corrupt switchover request, ignored", "key", e.Key, "revision", e.Revision, "err", err)
+			return nil
+		}
+		return failover.SwitchoverObserved{Rev: e.Revision, Request: s}
+	}
+	return nil
+}

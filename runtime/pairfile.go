@@ -1,0 +1,192 @@
+package runtime
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"understudy/actors/failover"
+	"understudy/actors/procedure"
+)
+
+// PairFile is a pair's rules as written in YAML (see docs/failover.md):
+//
+//	pair: pg-main
+//	primary: site-a          # preferred primary
+//	replica: site-b
+//	heartbeat_timeout: 1s
+//	failure_threshold: 2
+//	success_threshold: 2
+//	failover_timeout: 5s
+//	fence_grace: 2s
+//	failback: auto           # or manual
+//
+// Absent keys take DESIGN.md's defaults.
+type PairFile struct {
+	Pair             string `yaml:"pair"`
+	Primary          string `yaml:"primary"`
+	Replica          string `yaml:"replica"`
+	HeartbeatTimeout string `yaml:"heartbeat_timeout"`
+	FailureThreshold *int   `yaml:"failure_threshold"`
+	SuccessThreshold *int   `yaml:"success_threshold"`
+	FailoverTimeout  string `yaml:"failover_timeout"`
+	FenceGrace       string `yaml:"fence_grace"`
+	Failback         string `yaml:"failback"`
+}
+
+// Rules validates the file into typed rules: every field, then the safety
+// inequality (unless allowUnsafe, for the simulator's planted-bug runs).
+// Errors are *ConfigError values naming field and rule.
+func (p PairFile) Rules(allowUnsafe bool) (failover.Rules, error) {
+	r := failover.DefaultRules(p.Pair, p.Primary, p.Replica)
+	dur := func(field, s string, into *time.Duration) error {
+		if s == "" {
+			return nil
+		}
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return &ConfigError{Field: field, Rule: `must be a duration such as "1s" or "500ms"`, Value: s}
+		}
+		*into = d
+		return nil
+	}
+	for _, f := range []struct {
+		field string
+		s     string
+		into  *time.Duration
+	}{
+		{"heartbeat_timeout", p.HeartbeatTimeout, &r.HeartbeatTimeout},
+		{"failover_timeout", p.FailoverTimeout, &r.FailoverTimeout},
+		{"fence_grace", p.FenceGrace, &r.FenceGrace},
+	} {
+		if err := dur(f.field, f.s, f.into); err != nil {
+			return failover.Rules{}, err
+		}
+	}
+	if p.FailureThreshold != nil {
+		r.FailureThreshold = *p.FailureThreshold
+	}
+	if p.SuccessThreshold != nil {
+		r.SuccessThreshold = *p.SuccessThreshold
+	}
+	if p.Failback != "" {
+		fb, err := failover.ParseFailback(p.Failback)
+		if err != nil {
+			return failover.Rules{}, err
+		}
+		r.Failback = fb
+	}
+	var err error
+	if allowUnsafe {
+		err = r.ValidateShape()
+	} else {
+		err = r.Validate()
+	}
+	if err != nil {
+		return failover.Rules{}, err
+	}
+	return r, nil
+}
+
+// decodeStrict decodes YAML refusing unknown keys, so a typo is an error
+// rather than a silently ignored setting.
+func decodeStrict(data []byte, into any) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(into); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	return nil
+}
+
+// LoadPairFile reads and validates a pair file.
+func LoadPairFile(path string, allowUnsafe bool) (failover.Rules, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return failover.Rules{}, fmt.Errorf("pair file: %w", err)
+	}
+	var p PairFile
+	if err := decodeStrict(data, &p); err != nil {
+		return failover.Rules{}, fmt.Errorf("pair file %s: %w", path, err)
+	}
+	r, err := p.Rules(allowUnsafe)
+	if err != nil {
+		return failover.Rules{}, fmt.Errorf("pair file %s: %w", path, err)
+	}
+	return r, nil
+}
+
+// PairMember is one entry of a node file's "pairs": the pair's rules (a
+// pair file, or the same keys inline), the member this node runs (its site;
+// the node's name when omitted) and that member's procedures.
+type PairMember struct {
+	File       string `yaml:"file"`
+	PairFile   `yaml:",inline"`
+	Member     string         `yaml:"member"`
+	Procedures procedure.Spec `yaml:"procedures"`
+}
+
+// resolvePairs validates a node file's pairs into member configurations.
+// baseDir resolves relative pair file paths.
+func resolvePairs(node string, pairs []PairMember, baseDir string) ([]MemberConfig, []error) {
+	var out []MemberConfig
+	var errs []error
+	seen := map[string]bool{}
+	for i, pm := range pairs {
+		field := "pairs[" + strconv.Itoa(i) + "]"
+		var rules failover.Rules
+		var err error
+		if pm.File != "" {
+			if pm.PairFile != (PairFile{}) {
+				errs = append(errs, &ConfigError{Field: field + ".file", Rule: "give the pair either as a file or inline, not both", Value: pm.File})
+				continue
+			}
+			path := pm.File
+			if !filepath.IsAbs(path) && baseDir != "" {
+				path = filepath.Join(baseDir, path)
+			}
+			rules, err = LoadPairFile(path, false)
+		} else {
+			rules, err = pm.PairFile.Rules(false)
+		}
+		if err != nil {
+			var ce *ConfigError
+			if errors.As(err, &ce) {
+				err = &ConfigError{Field: field + "." + ce.Field, Rule: ce.Rule, Value: ce.Value}
+			}
+			errs = append(errs, err)
+			continue
+		}
+		site := pm.Member
+		if site == "" {
+			site = node
+		}
+		if !rules.Has(site) {
+			errs = append(errs, &ConfigError{Field: field + ".member", Rule: fmt.Sprintf("must name a member of pair %s (%s or %s); it defaults to the node name", rules.Pair, rules.Primary, rules.Replica), Value: site})
+			continue
+		}
+		if err := pm.Procedures.Validate(); err != nil {
+			var ce *ConfigError
+			if errors.As(err, &ce) {
+				err = &ConfigError{Field: field + "." + ce.Field, Rule: ce.Rule, Value: ce.Value}
+			}
+			errs = append(errs, err)
+			continue
+		}
+		key := rules.Pair + "/" + site
+		if seen[key] {
+			errs = append(errs, &ConfigError{Field: field, Rule: "each pair member may be hosted once per node", Value: key})
+			continue
+		}
+		seen[key] = true
+		out = append(out, MemberConfig{Rules: rules, Site: site, Procedures: pm.Procedures})
+	}
+	return out, errs
+}

@@ -1,0 +1,246 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Timeouts of Serve's steps.
+const (
+	provisionTimeout   = 10 * time.Second // one provisioning attempt
+	healthTimeout      = time.Second      // the JetStream probe of /healthz
+	httpShutdownWindow = 5 * time.Second  // in-flight requests at shutdown
+)
+
+// Serve runs a node until ctx is done: it validates cfg, serves /healthz and
+// /metrics on cfg.HTTP, starts the embedded NATS (or connects to cfg.NATS.URL,
+// retrying while it is unreachable), provisions the JetStream assets and logs
+// "ready" with the client URL. When ctx is done it closes, in order, the HTTP
+// server, the NATS connection and the embedded server, and returns nil: a
+// cancelled ctx is the normal way to stop, also while still starting.
+//
+// It returns early with an error for an invalid cfg (*ConfigError values),
+// an HTTP address it cannot listen on, an embedded server that cannot start,
+// or assets NATS refuses (*ProvisionError).
+func Serve(ctx context.Context, cfg Config) error {
+	s, err := cfg.resolve()
+	if err != nil {
+		return err
+	}
+	log := cfg.Logger
+	if log == nil {
+		out := cfg.LogOutput
+		if out == nil {
+			out = os.Stderr
+		}
+		log = NewLogger(out, s.logLevel, s.logFormat)
+	}
+	n := &node{log: log, s: s}
+	n.metrics = newMetrics(ReadBuildInfo(), n.connected)
+
+	ln, err := net.Listen("tcp", s.httpAddr)
+	if err != nil {
+		return fmt.Errorf("runtime: http: %w", err)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	httpSrv := &http.Server{
+		Handler:           n.routes(),
+		ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.With("component", "http").Handler(), slog.LevelWarn),
+	}
+	httpDone := make(chan struct{})
+	go func() {
+		defer close(httpDone)
+		if err := httpSrv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			cancel(fmt.Errorf("runtime: http: %w", err))
+		}
+	}()
+	n.httpAddr = ln.Addr().String()
+	log.Info("http listening", "addr", n.httpAddr, "paths", "/healthz /metrics")
+
+	runErr := n.run(ctx)
+	if cause := context.Cause(ctx); runErr == nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		runErr = cause // the HTTP server failed
+	}
+	n.shutdown(httpSrv, httpDone)
+	return runErr
+}
+
+// node is one running Serve.
+type node struct {
+	log      *slog.Logger
+	s        settings
+	metrics  *metrics
+	httpAddr string
+
+	embedded    *EmbeddedNATS // nil with an external NATS
+	nc          atomic.Pointer[nats.Conn]
+	provisioned atomic.Bool
+}
+
+func (n *node) connected() bool {
+	nc := n.nc.Load()
+	return nc != nil && nc.IsConnected()
+}
+
+// run starts NATS, provisions and waits for ctx. It returns nil when ctx is
+// cancelled, even during start-up.
+func (n *node) run(ctx context.Context) error {
+	s := n.s
+	connect := ConnectOptions{
+		URL: s.urls, User: s.user, Password: s.password, Creds: s.creds, TLS: s.tls,
+		Retry: s.retry, Name: "understudy",
+	}
+	mode := "external"
+	if s.embedded {
+		mode = "embedded"
+		es, err := StartEmbedded(EmbeddedConfig{DataDir: s.dataDir, Host: s.listenHost, Port: s.listenPort}, n.log)
+		if err != nil {
+			return err
+		}
+		n.embedded = es
+		connect.URL = es.dialURL()
+	} else if s.tlsInsecure {
+		n.log.Warn("TLS certificate verification of the NATS server is disabled (nats.tls.insecure)")
+	}
+
+	nc, err := Connect(ctx, connect, n.log)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	n.nc.Store(nc)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("runtime: jetstream: %w", err)
+	}
+
+	assets := DefaultAssets(AssetsConfig{
+		FailoverBucket: s.failoverBucket, FleetBucket: s.fleetBucket, EventsStream: s.eventsStream,
+	}, s.replicas)
+	if err := n.provision(ctx, js, assets); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+
+	clientURL := nc.ConnectedUrlRedacted()
+	if n.embedded != nil {
+		clientURL = n.embedded.ClientURL()
+	}
+	n.log.Info("ready", "client_url", clientURL, "http", n.httpAddr, "nats", mode, "replicas", s.replicas,
+		"failover_bucket", s.failoverBucket, "fleet_bucket", s.fleetBucket, "events_stream", s.eventsStream)
+
+	<-ctx.Done()
+	n.log.Info("shutting down", "cause", context.Cause(ctx))
+	return nil
+}
+
+// provision provisions the assets, retrying with backoff while JetStream
+// does not answer (a cluster still electing its leader, say).
+func (n *node) provision(ctx context.Context, js jetstream.JetStream, assets []Asset) error {
+	delay := n.s.retry.Initial
+	for attempt := 1; ; attempt++ {
+		pctx, cancel := context.WithTimeout(ctx, provisionTimeout)
+		p, err := Provision(pctx, js, assets, n.log)
+		cancel()
+		var perr *ProvisionError
+		errors.As(err, &perr)
+		n.metrics.observeProvision(p, perr)
+		if err == nil {
+			n.provisioned.Store(true)
+			n.log.Info("assets provisioned", "report", p.String(), "refused_changes", p.Refused())
+			return nil
+		}
+		if ctx.Err() != nil || !retryableProvisionError(err) {
+			return err
+		}
+		next := jitter(delay)
+		n.log.Warn("jetstream not ready, retrying", "attempt", attempt, "next_delay", next, "error", err)
+		t := time.NewTimer(next)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		delay = min(2*delay, n.s.retry.Max)
+	}
+}
+
+// shutdown closes the HTTP server, the NATS connection and the embedded
+// server, in that order.
+func (n *node) shutdown(httpSrv *http.Server, httpDone <-chan struct{}) {
+	ctx, cancel := context.WithTimeout(context.Background(), httpShutdownWindow)
+	defer cancel()
+	if err := httpSrv.Shutdown(ctx); err != nil {
+		n.log.Warn("http shutdown", "error", err)
+		_ = httpSrv.Close()
+	}
+	<-httpDone
+	n.log.Debug("http server closed")
+	if nc := n.nc.Load(); nc != nil {
+		nc.Close()
+		n.log.Debug("nats connection closed")
+	}
+	if n.embedded != nil {
+		n.embedded.Shutdown()
+	}
+	n.log.Info("stopped")
+}
+
+func (n *node) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", n.healthz)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(n.metrics.reg, promhttp.HandlerOpts{
+		ErrorLog: slog.NewLogLogger(n.log.With("component", "metrics").Handler(), slog.LevelWarn),
+	}))
+	return mux
+}
+
+// Health is the body of /healthz.
+type Health struct {
+	Status        string `json:"status"` // "ok" or "unavailable"
+	NATSConnected bool   `json:"nats_connected"`
+	JetStream     bool   `json:"jetstream"` // JetStream answered just now
+	Provisioned   bool   `json:"provisioned"`
+}
+
+// healthz answers 200 when NATS is connected, JetStream answers and the
+// assets are provisioned, else 503; the body is a Health either way.
+func (n *node) healthz(w http.ResponseWriter, r *http.Request) {
+	h := Health{Status: "unavailable", Provisioned: n.provisioned.Load()}
+	if nc := n.nc.Load(); nc != nil && nc.IsConnected() {
+		h.NATSConnected = true
+		if js, err := jetstream.New(nc); err == nil {
+			ctx, cancel := context.WithTimeout(r.Context(), healthTimeout)
+			_, err = js.AccountInfo(ctx)
+			cancel()
+			h.JetStream = err == nil
+		}
+	}
+	code := http.StatusServiceUnavailable
+	if h.NATSConnected && h.JetStream && h.Provisioned {
+		h.Status, code = "ok", http.StatusOK
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(h)
+}
