@@ -14,9 +14,10 @@ all: build
 build:
 	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/understudy
 
-# The main job on the embedded default NATS, nothing to set up.
+# The main job on the embedded default NATS, nothing to set up: a failover
+# pair whose primary loses power; the replica takes over.
 run: build
-	./$(BIN) serve
+	./$(BIN) demo
 
 # Installs what the tests need (idempotent), lints, then runs every test
 # under the race detector.

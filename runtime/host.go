@@ -72,6 +72,25 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 	return h, nil
 }
 
+// Shutdown asks every leading member to hand over cleanly (demote, then
+// leader = none naming the other site), waits until none holds the register
+// or ctx ends, then stops them all.
+func (h *Host) Shutdown(ctx context.Context) {
+	var waits []<-chan struct{}
+	for _, pid := range h.pids {
+		done := make(chan struct{})
+		h.engine.Send(pid, memberShutdown{done: done})
+		waits = append(waits, done)
+	}
+	for _, w := range waits {
+		select {
+		case <-w:
+		case <-ctx.Done():
+		}
+	}
+	h.Stop(context.Background())
+}
+
 // Stop stops every member (their resources with them) and waits for them.
 // It does not fence: a member stopping leaves its resource as it is, and
 // the next start comes up fenced.

@@ -47,6 +47,7 @@ type (
 	memberTick     struct{ gen uint64 }
 	memberInput    struct{ in failover.Input }
 	memberConflict struct{ err error }
+	memberShutdown struct{ done chan struct{} }
 	watchFailed    struct{ err error }
 )
 
@@ -68,6 +69,9 @@ type memberActor struct {
 	cancel   context.CancelFunc
 	timer    *time.Timer
 	tickGen  uint64
+	// handedOver is closed once the member no longer holds the register
+	// after a shutdown request.
+	handedOver chan struct{}
 }
 
 // NewMemberActor returns the producer of a member actor for cfg.
@@ -100,6 +104,9 @@ func (a *memberActor) Receive(c *actor.Context) {
 	case memberConflict:
 		a.log.Error("member stops: its event subject is written by another process", "err", msg.err)
 		c.Engine().Poison(c.PID())
+	case memberShutdown:
+		a.handedOver = msg.done
+		a.step(failover.Shutdown{})
 	case watchFailed:
 		a.log.Warn("kv watch failed; re-watching", "err", msg.err)
 	}
@@ -182,6 +189,10 @@ func (a *memberActor) step(in failover.Input) {
 	}
 	a.handle(a.m.Step(a.now(), in))
 	a.schedule()
+	if a.handedOver != nil && !a.m.Holding() {
+		close(a.handedOver)
+		a.handedOver = nil
+	}
 }
 
 func (a *memberActor) schedule() {

@@ -144,12 +144,41 @@ func (n *node) run(ctx context.Context) error {
 	if n.embedded != nil {
 		clientURL = n.embedded.ClientURL()
 	}
+	var host *Host
+	if len(s.members) > 0 {
+		host, err = StartHost(ctx, js, s.eventsStream, s.failoverBucket, s.members, HostOptions{Logger: n.log})
+		if err != nil {
+			return fmt.Errorf("runtime: members: %w", err)
+		}
+	}
 	n.log.Info("ready", "client_url", clientURL, "http", n.httpAddr, "nats", mode, "replicas", s.replicas,
-		"failover_bucket", s.failoverBucket, "fleet_bucket", s.fleetBucket, "events_stream", s.eventsStream)
+		"failover_bucket", s.failoverBucket, "fleet_bucket", s.fleetBucket, "events_stream", s.eventsStream,
+		"members", len(s.members))
 
 	<-ctx.Done()
 	n.log.Info("shutting down", "cause", context.Cause(ctx))
+	if host != nil {
+		// Leading members hand over before the node goes (clean demotion), so
+		// the other site takes over at once instead of after failover_timeout.
+		hctx, cancel := context.WithTimeout(context.Background(), memberHandoverWindow(s.members))
+		host.Shutdown(hctx)
+		cancel()
+	}
 	return nil
+}
+
+// memberHandoverWindow bounds the clean handover at shutdown: the demote
+// chain plus a few heartbeats for the release to land.
+func memberHandoverWindow(members []MemberConfig) time.Duration {
+	w := 5 * time.Second
+	for _, m := range members {
+		need := m.Rules.FenceGrace + 3*m.Rules.HeartbeatTimeout
+		for _, st := range m.Procedures.Demote.Steps {
+			need += st.Timeout
+		}
+		w = max(w, need)
+	}
+	return w
 }
 
 // provision provisions the assets, retrying with backoff while JetStream

@@ -134,6 +134,7 @@ type Member struct {
 	memberOK     int       // consecutive own heartbeats acknowledged in time
 	fencedSince  time.Time // server time of the first write of the current fenced run of the holder
 	fencedSeenAt time.Duration
+	probedFor    uint64 // leader revision a staleness probe was written for
 	fenceFailed  bool
 	fenceRetryAt time.Duration
 	opSeq        uint64
@@ -466,13 +467,17 @@ func (m *Member) maybeAcquire() {
 			return
 		}
 	}
-	if m.ownBeatRev <= m.leader.Rev {
-		return // no heartbeat of ours stamped after the leader's write yet
-	}
 	serverStale := m.ownBeatTime.Sub(m.leader.Time)
-	if serverStale > fo && localStale > fo {
+	if m.ownBeatRev > m.leader.Rev && serverStale > fo && localStale > fo {
 		m.acquire(AcquireStale, m.leader.Rev, serverStale)
 		return
+	}
+	if localStale > fo && m.probedFor != m.leader.Rev && m.memberOp == 0 {
+		// Stale by our own clock: get a fresh server timestamp now rather
+		// than at the next interval, so detection is not late by up to one
+		// heartbeat_timeout. Once per leader write.
+		m.probedFor = m.leader.Rev
+		m.writeMemberBeat()
 	}
 	// A holder that keeps writing but stays fenced is as good as gone.
 	if !m.fencedSince.IsZero() {

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"understudy/runtime"
 )
@@ -43,8 +44,29 @@ var envOf = map[string]string{
 	"nats-creds":    "UNDERSTUDY_NATS_CREDS",
 }
 
+// overrideFromFlag copies a flag's value from the flag-bound config onto the
+// node file's, for the flags given on the command line.
+var overrideFromFlag = map[string]func(dst, src *runtime.Config){
+	"data-dir":             func(d, s *runtime.Config) { d.DataDir = s.DataDir },
+	"nats-listen":          func(d, s *runtime.Config) { d.NATS.Listen = s.NATS.Listen },
+	"nats-url":             func(d, s *runtime.Config) { d.NATS.URL = s.NATS.URL },
+	"nats-user":            func(d, s *runtime.Config) { d.NATS.User = s.NATS.User },
+	"nats-password":        func(d, s *runtime.Config) { d.NATS.Password = s.NATS.Password },
+	"nats-creds":           func(d, s *runtime.Config) { d.NATS.Creds = s.NATS.Creds },
+	"nats-tls-ca":          func(d, s *runtime.Config) { d.NATS.TLS.CA = s.NATS.TLS.CA },
+	"nats-tls-cert":        func(d, s *runtime.Config) { d.NATS.TLS.Cert = s.NATS.TLS.Cert },
+	"nats-tls-key":         func(d, s *runtime.Config) { d.NATS.TLS.Key = s.NATS.TLS.Key },
+	"nats-tls-server-name": func(d, s *runtime.Config) { d.NATS.TLS.ServerName = s.NATS.TLS.ServerName },
+	"nats-tls-insecure":    func(d, s *runtime.Config) { d.NATS.TLS.Insecure = s.NATS.TLS.Insecure },
+	"replicas":             func(d, s *runtime.Config) { d.Assets.Replicas = s.Assets.Replicas },
+	"http":                 func(d, s *runtime.Config) { d.HTTP = s.HTTP },
+	"log-level":            func(d, s *runtime.Config) { d.Log.Level = s.Log.Level },
+	"log-format":           func(d, s *runtime.Config) { d.Log.Format = s.Log.Format },
+}
+
 func newServeCmd(stderr io.Writer) *cobra.Command {
 	cfg := runtime.DefaultConfig()
+	var configFile string
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the node: NATS (embedded or external), provisioning, health and metrics",
@@ -65,6 +87,19 @@ not given (keep secrets off the command line):
   ` + strings.Join(sortedEnv(), "\n  "),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if configFile != "" {
+				fileCfg, err := runtime.LoadConfigFile(configFile)
+				if err != nil {
+					return &usageError{cmd: cmd.CommandPath(), err: err}
+				}
+				// Flags given on the command line win over the file.
+				cmd.Flags().Visit(func(f *pflag.Flag) {
+					if set, ok := overrideFromFlag[f.Name]; ok {
+						set(&fileCfg, &cfg)
+					}
+				})
+				cfg = fileCfg
+			}
 			for flag, env := range envOf {
 				if v, ok := os.LookupEnv(env); ok && !cmd.Flags().Changed(flag) {
 					if err := cmd.Flags().Set(flag, v); err != nil {
@@ -81,6 +116,7 @@ not given (keep secrets off the command line):
 	}
 	f := cmd.Flags()
 	f.SortFlags = false
+	f.StringVar(&configFile, "config", "", "YAML node file: node name, NATS, data_dir, http, and the pairs this node hosts (see docs/operations.md); flags override it")
 	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory of the embedded NATS server's JetStream data")
 	f.StringVar(&cfg.NATS.Listen, "nats-listen", cfg.NATS.Listen, "client address of the embedded NATS server (port 0: any free port)")
 	f.StringVar(&cfg.NATS.URL, "nats-url", cfg.NATS.URL, "external NATS URL(s), comma-separated; no server is embedded then")

@@ -1,0 +1,323 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/spf13/cobra"
+
+	"understudy/actors/failover"
+	"understudy/events"
+	"understudy/runtime"
+)
+
+// natsFlags are the connection flags of every command that talks to a
+// running NATS (as opposed to serve, which may embed one).
+type natsFlags struct {
+	url    string
+	bucket string
+}
+
+func (f *natsFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.url, "nats-url", envOr("UNDERSTUDY_NATS_URL", "nats://127.0.0.1:4222"), "NATS URL ($UNDERSTUDY_NATS_URL); user, password and creds come from $UNDERSTUDY_NATS_USER, _PASSWORD, _CREDS")
+	cmd.Flags().StringVar(&f.bucket, "bucket", runtime.DefaultFailoverBucket, "failover KV bucket")
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func (f *natsFlags) connect(ctx context.Context) (*nats.Conn, events.KV, error) {
+	opts := []nats.Option{nats.Name("understudy-cli"), nats.Timeout(3 * time.Second)}
+	if u, p := os.Getenv("UNDERSTUDY_NATS_USER"), os.Getenv("UNDERSTUDY_NATS_PASSWORD"); u != "" {
+		opts = append(opts, nats.UserInfo(u, p))
+	}
+	if c := os.Getenv("UNDERSTUDY_NATS_CREDS"); c != "" {
+		opts = append(opts, nats.UserCredentials(c))
+	}
+	nc, err := nats.Connect(f.url, opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect to NATS at %s: %w (is a node running? start one with 'understudy serve')", f.url, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	kv, err := events.NewJetStreamKV(ctx, js, f.bucket)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("open bucket %s: %w", f.bucket, err)
+	}
+	return nc, kv, nil
+}
+
+// PairStatus is one pair as `understudy status --json` prints it. Ages
+// are measured against the server's clock (a probe write stamped by it).
+type PairStatus struct {
+	Pair       string                `json:"pair"`
+	Leader     string                `json:"leader"` // "" when nobody holds the register
+	Term       uint64                `json:"term"`
+	Fenced     bool                  `json:"fenced"`
+	Handoff    string                `json:"handoff,omitempty"`
+	LeaderAge  float64               `json:"leader_write_age_s"`
+	Heartbeats map[string]SiteStatus `json:"heartbeats"`
+	Rules      *RulesStatus          `json:"rules,omitempty"`
+	ServerTime time.Time             `json:"server_time"`
+}
+
+// SiteStatus is a member's own heartbeat.
+type SiteStatus struct {
+	Phase string  `json:"phase"`
+	Ready bool    `json:"ready"`
+	Age   float64 `json:"age_s"`
+}
+
+// RulesStatus are the rules in <pair>.config.
+type RulesStatus struct {
+	Primary          string  `json:"primary"`
+	Replica          string  `json:"replica"`
+	HeartbeatTimeout float64 `json:"heartbeat_timeout_s"`
+	FailureThreshold int     `json:"failure_threshold"`
+	SuccessThreshold int     `json:"success_threshold"`
+	FailoverTimeout  float64 `json:"failover_timeout_s"`
+	FenceGrace       float64 `json:"fence_grace_s"`
+	Failback         string  `json:"failback"`
+}
+
+func newStatusCmd(stdout io.Writer) *cobra.Command {
+	var nf natsFlags
+	var pair string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show each pair's leader, term, heartbeat ages (server time) and rules",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+			defer cancel()
+			nc, kv, err := nf.connect(ctx)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			pairs, err := pairsIn(ctx, nc, nf.bucket, pair)
+			if err != nil {
+				return err
+			}
+			if len(pairs) == 0 {
+				if pair != "" {
+					return fmt.Errorf("pair %q has no leadership register in bucket %s", pair, nf.bucket)
+				}
+				return fmt.Errorf("no pair in bucket %s yet", nf.bucket)
+			}
+			// A probe write gives the server's current time, so ages do
+			// not depend on this machine's clock.
+			if _, err := kv.Put(ctx, "_status.probe", []byte("x")); err != nil {
+				return fmt.Errorf("probe write: %w", err)
+			}
+			probe, err := kv.Get(ctx, "_status.probe")
+			if err != nil {
+				return fmt.Errorf("probe read: %w", err)
+			}
+			var out []PairStatus
+			for _, p := range pairs {
+				st, err := pairStatus(ctx, kv, p, probe.Time)
+				if err != nil {
+					return err
+				}
+				out = append(out, st)
+			}
+			if asJSON {
+				enc := json.NewEncoder(stdout)
+				enc.SetIndent("", "  ")
+				return enc.Encode(out)
+			}
+			for _, st := range out {
+				printStatus(stdout, st)
+			}
+			return nil
+		},
+	}
+	nf.add(cmd)
+	cmd.Flags().StringVar(&pair, "pair", "", "show only this pair")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+// pairsIn lists the pairs with a leadership register (or only want).
+func pairsIn(ctx context.Context, nc *nats.Conn, bucket, want string) ([]string, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		return nil, err
+	}
+	lister, err := kv.ListKeysFiltered(ctx, "*.leader", "*.config")
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	for k := range lister.Keys() {
+		p := k[:strings.LastIndexByte(k, '.')]
+		if want == "" || p == want {
+			seen[p] = true
+		}
+	}
+	names := make([]string, 0, len(seen))
+	for p := range seen {
+		names = append(names, p)
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+func pairStatus(ctx context.Context, kv events.KV, pair string, now time.Time) (PairStatus, error) {
+	st := PairStatus{Pair: pair, Heartbeats: map[string]SiteStatus{}, ServerTime: now}
+	if e, err := kv.Get(ctx, failover.LeaderKey(pair)); err == nil {
+		l, err := failover.DecodeLeader(e.Value)
+		if err != nil {
+			return st, fmt.Errorf("pair %s: leader register (revision %d): %w", pair, e.Revision, err)
+		}
+		st.Leader, st.Term, st.Fenced, st.Handoff = l.Site, l.Term, l.Fenced, l.Handoff
+		st.LeaderAge = now.Sub(e.Time).Seconds()
+	} else if !errors.Is(err, events.ErrNotFound) {
+		return st, err
+	}
+	if e, err := kv.Get(ctx, failover.ConfigKey(pair)); err == nil {
+		if r, err := failover.DecodeRules(e.Value); err == nil {
+			st.Rules = &RulesStatus{Primary: r.Primary, Replica: r.Replica, HeartbeatTimeout: r.HeartbeatTimeout.Seconds(),
+				FailureThreshold: r.FailureThreshold, SuccessThreshold: r.SuccessThreshold, FailoverTimeout: r.FailoverTimeout.Seconds(),
+				FenceGrace: r.FenceGrace.Seconds(), Failback: r.Failback.String()}
+			for _, site := range []string{r.Primary, r.Replica} {
+				if e, err := kv.Get(ctx, failover.HeartbeatKey(pair, site)); err == nil {
+					if h, err := failover.DecodeHeartbeat(e.Value); err == nil {
+						st.Heartbeats[site] = SiteStatus{Phase: h.Phase.String(), Ready: h.Ready, Age: now.Sub(e.Time).Seconds()}
+					}
+				}
+			}
+		}
+	}
+	return st, nil
+}
+
+func printStatus(w io.Writer, st PairStatus) {
+	leader := st.Leader
+	switch {
+	case leader == "" && st.Handoff != "":
+		leader = "none (handing off to " + st.Handoff + ")"
+	case leader == "":
+		leader = "none"
+	case st.Fenced:
+		leader += " (fenced)"
+	}
+	fmt.Fprintf(w, "pair %s\n  leader   %s, term %d, last register write %.1fs ago\n", st.Pair, leader, st.Term, st.LeaderAge)
+	sites := make([]string, 0, len(st.Heartbeats))
+	for s := range st.Heartbeats {
+		sites = append(sites, s)
+	}
+	slices.Sort(sites)
+	for _, s := range sites {
+		h := st.Heartbeats[s]
+		fmt.Fprintf(w, "  %-8s own heartbeat %.1fs ago, phase %s, ready %v\n", s, h.Age, h.Phase, h.Ready)
+	}
+	if r := st.Rules; r != nil {
+		fmt.Fprintf(w, "  rules    primary %s, replica %s, heartbeat_timeout %gs, failure_threshold %d, success_threshold %d, failover_timeout %gs, fence_grace %gs, failback %s\n",
+			r.Primary, r.Replica, r.HeartbeatTimeout, r.FailureThreshold, r.SuccessThreshold, r.FailoverTimeout, r.FenceGrace, r.Failback)
+	}
+}
+
+func newSwitchoverCmd(stdout io.Writer) *cobra.Command {
+	var nf natsFlags
+	var pair, to string
+	var wait time.Duration
+	cmd := &cobra.Command{
+		Use:   "switchover --pair P --to SITE",
+		Short: "Move leadership of a pair to SITE through the clean-demotion handshake",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if pair == "" || to == "" {
+				return &usageError{cmd: cmd.CommandPath(), err: errors.New("--pair and --to are required")}
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), wait+10*time.Second)
+			defer cancel()
+			nc, kv, err := nf.connect(ctx)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			ce, err := kv.Get(ctx, failover.ConfigKey(pair))
+			if err != nil {
+				return fmt.Errorf("pair %s: no rules in %s: %w", pair, failover.ConfigKey(pair), err)
+			}
+			rules, err := failover.DecodeRules(ce.Value)
+			if err != nil {
+				return fmt.Errorf("pair %s: rules: %w", pair, err)
+			}
+			if !rules.Has(to) {
+				return &usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--to %s: not a member of pair %s (%s, %s)", to, pair, rules.Primary, rules.Replica)}
+			}
+			if e, err := kv.Get(ctx, failover.LeaderKey(pair)); err == nil {
+				if l, err := failover.DecodeLeader(e.Value); err == nil && l.Site == to && !l.Fenced {
+					fmt.Fprintf(stdout, "%s already leads pair %s (term %d)\n", to, pair, l.Term)
+					return nil
+				}
+			}
+			var idb [8]byte
+			_, _ = rand.Read(idb[:])
+			req := failover.Switchover{ID: hex.EncodeToString(idb[:]), To: to, Requested: time.Now().UTC()}
+			if _, err := kv.Put(ctx, failover.SwitchoverKey(pair), failover.EncodeSwitchover(req)); err != nil {
+				return fmt.Errorf("write switchover request: %w", err)
+			}
+			fmt.Fprintf(stdout, "switchover %s requested: pair %s to %s; waiting up to %v\n", req.ID, pair, to, wait)
+			w, err := kv.Watch(ctx, failover.LeaderKey(pair), events.WatchOptions{})
+			if err != nil {
+				return err
+			}
+			defer w.Stop()
+			deadline := time.After(wait)
+			for {
+				select {
+				case e, ok := <-w.Updates():
+					if !ok {
+						return errors.New("watch of the leadership register ended")
+					}
+					if e.Revision == 0 {
+						continue
+					}
+					l, err := failover.DecodeLeader(e.Value)
+					if err != nil {
+						continue
+					}
+					if l.Site == to && !l.Fenced {
+						fmt.Fprintf(stdout, "%s now holds the register of pair %s (term %d)\n", to, pair, l.Term)
+						return nil
+					}
+				case <-deadline:
+					return fmt.Errorf("%s does not hold the register of pair %s after %v; is a leader serving? see 'understudy status --pair %s'", to, pair, wait, pair)
+				}
+			}
+		},
+	}
+	nf.add(cmd)
+	cmd.Flags().StringVar(&pair, "pair", "", "the pair")
+	cmd.Flags().StringVar(&to, "to", "", "the site that should lead")
+	cmd.Flags().DurationVar(&wait, "wait", 30*time.Second, "how long to wait for the new leader")
+	return cmd
+}
