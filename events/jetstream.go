@@ -452,6 +452,8 @@ func mapJetStreamError(err error) error {
 	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted),
 		errors.Is(err, jetstream.ErrMsgNotFound):
 		return fmt.Errorf("%w: %w", ErrNotFound, err)
+	case errors.Is(err, jetstream.ErrInvalidKey), errors.Is(err, jetstream.ErrInvalidSubject):
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	return err
 }

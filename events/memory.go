@@ -742,7 +742,7 @@ var errMemEmptyToken = errors.New("empty token")
 // tokens without whitespace; wildcards ("*", final ">") only in filters.
 func memCheckSubject(subject string, filter bool) error {
 	if err := memCheckTokens(subject, filter); err != nil {
-		return fmt.Errorf("events: invalid subject %q: %w", subject, err)
+		return fmt.Errorf("%w: subject %q: %w", ErrInvalid, subject, err)
 	}
 	return nil
 }
@@ -775,7 +775,7 @@ func memCheckTokens(s string, wildcards bool) error {
 // (plus "*" and a final ">" in watch patterns).
 func memCheckKey(key string, pattern bool) error {
 	if err := memCheckTokens(key, pattern); err != nil {
-		return fmt.Errorf("events: invalid key %q: %w", key, err)
+		return fmt.Errorf("%w: key %q: %w", ErrInvalid, key, err)
 	}
 	for i := 0; i < len(key); i++ {
 		c := key[i]
@@ -783,7 +783,7 @@ func memCheckKey(key string, pattern bool) error {
 			('a' <= c && c <= 'z') || ('A' <= c && c <= 'Z') || ('0' <= c && c <= '9') ||
 			(pattern && (c == '*' || (c == '>' && i == len(key)-1)))
 		if !ok {
-			return fmt.Errorf("events: invalid key %q: character %q not allowed", key, c)
+			return fmt.Errorf("%w: key %q: character %q not allowed", ErrInvalid, key, c)
 		}
 	}
 	return nil

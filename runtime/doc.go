@@ -12,7 +12,11 @@
 //   - provisioning: idempotent creation and update of the JetStream assets
 //     (KV buckets and the event stream), reporting what NATS cannot change
 //     ([Provision], [Provisioned]);
-//   - later, the hollywood engine that hosts the actors, fed by JetStream;
+//   - the hollywood engine hosting the node's failover members ([StartHost]):
+//     one actor per (pair, member) fed by a KV watch of the pair's keys, real
+//     timers and write results, with a child actor running the member's
+//     procedure chains; each appends its events to its own subject with
+//     per-subject optimistic concurrency from a goroutine of its own;
 //   - health and metrics over HTTP (/healthz, Prometheus /metrics);
 //   - graceful shutdown in reverse order: HTTP, the NATS connection, the
 //     embedded server ([Serve]).

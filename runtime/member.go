@@ -275,6 +275,7 @@ func (a *memberActor) write(w failover.Write) {
 func (a *memberActor) watch() {
 	pattern := a.cfg.Rules.Pair + ".>"
 	backoff := 100 * time.Millisecond
+	a.publishRules()
 	for a.ctx.Err() == nil {
 		w, err := a.deps.KV.Watch(a.ctx, pattern, events.WatchOptions{})
 		if err != nil {
@@ -340,4 +341,24 @@ func (a *memberActor) input(e events.Entry) failover.Input {
 		return failover.SwitchoverObserved{Rev: e.Revision, Request: s}
 	}
 	return nil
+}
+
+// publishRules writes the pair file's rules to <pair>.config when the key
+// does not exist yet, so operators (status, switchover) see the rules in
+// force. An existing value — an operator's run-time tuning — is kept, and
+// reaches the member through the watch like any change.
+func (a *memberActor) publishRules() {
+	key := failover.ConfigKey(a.cfg.Rules.Pair)
+	for attempt := 0; attempt < 20 && a.ctx.Err() == nil; attempt++ {
+		ctx, cancel := context.WithTimeout(a.ctx, 2*time.Second)
+		_, err := a.deps.KV.Create(ctx, key, failover.EncodeRules(a.cfg.Rules))
+		cancel()
+		if err == nil || errors.Is(err, events.ErrConflict) {
+			return
+		}
+		select {
+		case <-time.After(250 * time.Millisecond):
+		case <-a.ctx.Done():
+		}
+	}
 }

@@ -159,7 +159,11 @@ func resolvePairs(node string, pairs []PairMember, baseDir string) ([]MemberConf
 		if err != nil {
 			var ce *ConfigError
 			if errors.As(err, &ce) {
-				err = &ConfigError{Field: field + "." + ce.Field, Rule: ce.Rule, Value: ce.Value}
+				rule := ce.Rule
+				if pm.File != "" {
+					rule += " (in pair file " + pm.File + ")"
+				}
+				err = &ConfigError{Field: field + "." + ce.Field, Rule: rule, Value: ce.Value}
 			}
 			errs = append(errs, err)
 			continue

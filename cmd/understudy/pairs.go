@@ -205,13 +205,23 @@ func pairStatus(ctx context.Context, kv events.KV, pair string, now time.Time) (
 			st.Rules = &RulesStatus{Primary: r.Primary, Replica: r.Replica, HeartbeatTimeout: r.HeartbeatTimeout.Seconds(),
 				FailureThreshold: r.FailureThreshold, SuccessThreshold: r.SuccessThreshold, FailoverTimeout: r.FailoverTimeout.Seconds(),
 				FenceGrace: r.FenceGrace.Seconds(), Failback: r.Failback.String()}
-			for _, site := range []string{r.Primary, r.Replica} {
-				if e, err := kv.Get(ctx, failover.HeartbeatKey(pair, site)); err == nil {
-					if h, err := failover.DecodeHeartbeat(e.Value); err == nil {
-						st.Heartbeats[site] = SiteStatus{Phase: h.Phase.String(), Ready: h.Ready, Age: now.Sub(e.Time).Seconds()}
-					}
-				}
-			}
+		}
+	}
+	// Members' own heartbeats, whether or not the rules are known.
+	w, err := kv.Watch(ctx, pair+".hb.*", events.WatchOptions{})
+	if err != nil {
+		return st, err
+	}
+	defer w.Stop()
+	for e := range w.Updates() {
+		if e.Revision == 0 {
+			break
+		}
+		if e.Op != events.OpPut {
+			continue
+		}
+		if h, err := failover.DecodeHeartbeat(e.Value); err == nil {
+			st.Heartbeats[h.Site] = SiteStatus{Phase: h.Phase.String(), Ready: h.Ready, Age: now.Sub(e.Time).Seconds()}
 		}
 	}
 	return st, nil

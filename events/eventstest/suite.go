@@ -109,6 +109,7 @@ func Run(t *testing.T, h Harness) {
 			t.Run("ContextEndClosesChannel", s.watchContext)
 		})
 		t.Run("ConcurrentUpdateOneWins", s.kvConcurrentCAS)
+		t.Run("InvalidKeyRefused", s.kvInvalidKey)
 	})
 }
 
@@ -1378,5 +1379,20 @@ func (s suite) kvConcurrentCAS(t *testing.T) {
 		want{"pair.leader", revs[winner], events.OpPut, fmt.Sprintf("racer-%d", winner)})
 	if n := len(history(t, kv, "pair.leader")); n != 2 {
 		t.Fatalf("History after the race has %d entries, want 2 (base and the winner)", n)
+	}
+}
+
+// kvInvalidKey: a key breaking NATS key syntax is refused with ErrInvalid,
+// and nothing is written.
+func (s suite) kvInvalidKey(t *testing.T) {
+	kv := s.h.NewKV(t)
+	ctx := context.Background()
+	for _, key := range []string{"bad key", "a..b", "", "a.*"} {
+		if _, err := kv.Put(ctx, key, []byte("v")); !errors.Is(err, events.ErrInvalid) {
+			t.Errorf("Put(%q) = %v, want ErrInvalid", key, err)
+		}
+	}
+	if _, err := kv.Get(ctx, "bad key"); !errors.Is(err, events.ErrInvalid) {
+		t.Errorf("Get(bad key) = %v, want ErrInvalid", err)
 	}
 }
