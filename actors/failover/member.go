@@ -399,7 +399,11 @@ func (m *Member) writeRegister() {
 		l := Leader{Term: m.term, Handoff: m.handoff, Planned: m.demoteReason == DemoteSwitchover}
 		w = Write{Kind: WriteRelease, Key: LeaderKey(m.rules.Pair), Leader: l, ExpectRev: m.lastRev}
 	} else {
-		l := Leader{Site: m.site, Term: m.term, Beat: m.beat + 1, Fenced: m.phase == PhaseSuspended}
+		// A suspended holder that has had success_threshold good writes
+		// announces that it is about to serve: this write is unfenced, and
+		// it serves only once this write has landed (see onBeatSuccess).
+		fenced := m.phase == PhaseSuspended && m.successes < m.rules.SuccessThreshold
+		l := Leader{Site: m.site, Term: m.term, Beat: m.beat + 1, Fenced: fenced}
 		w = Write{Kind: WriteBeat, Key: LeaderKey(m.rules.Pair), Leader: l, ExpectRev: m.lastRev}
 		m.beat++
 	}
@@ -568,7 +572,7 @@ func (m *Member) onLeaderWriteAnswered(w pendingWrite, r WriteResult) {
 		switch r.Err {
 		case WriteOK:
 			m.lastRev = max(m.lastRev, r.Revision)
-			m.onBeatSuccess()
+			m.onBeatSuccess(w.leader.Fenced)
 		case WriteConflict:
 			if r.Current != nil && m.mine(r.Current.Value) {
 				// Our own earlier write landed late and moved the revision.
@@ -646,13 +650,16 @@ func (m *Member) onLeaderWriteFailed(w pendingWrite, why string) {
 	}
 }
 
-func (m *Member) onBeatSuccess() {
+func (m *Member) onBeatSuccess(fencedWrite bool) {
 	if m.failures > 0 {
 		m.emit(&HeartbeatRecovered{Term: m.term, AfterFailures: m.failures})
 	}
 	m.failures = 0
 	m.successes++
-	if m.phase == PhaseSuspended && m.successes >= m.rules.SuccessThreshold {
+	if m.phase == PhaseSuspended && m.successes >= m.rules.SuccessThreshold && fencedWrite {
+		m.nextBeatAt = m.now // announce the unfencing at once
+	}
+	if m.phase == PhaseSuspended && m.successes > m.rules.SuccessThreshold && !fencedWrite {
 		m.successes = 0
 		m.procSeq++
 		m.emit(&Unfenced{Seq: m.procSeq, Term: m.term})
