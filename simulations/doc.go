@@ -4,4 +4,16 @@
 // on a single goroutine so that a seed and a scenario give a byte-identical
 // run, with invariants checked at every step. It imports events, actors and
 // projections, never the runtime.
+//
+// A run (Run) is one loop over a priority queue ordered by (virtual time,
+// sequence). Each node hosts a failover.Member and the procedure.Runner of
+// its resource, exactly as the runtime does, behind a link to the simulated
+// server (Server: events.MemoryKV and events.MemoryLog stamped by the
+// server's virtual clock, so the conformance suite applies). Faults come
+// from a schedule (Fault, in a textual syntax ParseFaults reads) that a
+// Scenario generates from the seed; randomness comes from PCG streams of
+// that one seed. The invariants (invariants.go) run after every queue
+// item; "sometimes" counters (counters.go) show what a run exercised.
+// Swarm runs many seeds on every core and Shrink minimises the schedule of
+// a failing one by delta debugging. docs/simulation.md is the guide.
 package simulations

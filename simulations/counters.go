@@ -1,0 +1,79 @@
+package simulations
+
+// counterID is an Antithesis-style "sometimes" counter: something a
+// scenario claims to exercise. A scenario whose required counters stay 0
+// did not test what it says it tests, and the result says so.
+type counterID int
+
+const (
+	cFailover              counterID = iota // a takeover: an acquire won the register from another site's holder
+	cFailback                               // the preferred primary took the register back by handoff
+	cSwitchover                             // a planned handoff (operator switchover) completed
+	cStoppedBeforeTakeover                  // the old holder's database had stopped when the takeover won
+	cFencedTakeover                         // the takeover replaced a holder that stayed fenced
+	cPromotionRejected                      // an acquire CAS lost: the register had moved
+	cAcquireFailed                          // an acquire failed or got no answer in time
+	cLateAck                                // a write's answer arrived after its deadline
+	cOwnLateWrite                           // a holder's CAS met its own late write and adopted it
+	cRiddenOut                              // a heartbeat failure recovered without fencing
+	cSelfFenced                             // a holder fenced itself after failure_threshold failures
+	cFenceSlow                              // a fence chain took longer than heartbeat_timeout
+	cFenceEscalated                         // a fence step failed or timed out and the next one ran
+	cStepHung                               // a step hung until its timeout
+	cFenceRetried                           // a whole fence chain failed and was retried
+	cPromoteFailed                          // a promote chain failed (the member hands over)
+	cDemoteFailed                           // a demote chain failed (the member fences instead)
+	cLeadershipLost                         // a holder saw another writer take the register
+	cReplicaCutOff                          // a follower was cut off past failover_timeout and did not promote
+	cJumpFalseFailure                       // a clock jump made a holder count a failure
+	cJumpNoPromotion                        // a follower's clock jumped past failover_timeout; it did not promote
+	cServerClockBump                        // the NATS server's clock was bumped
+	cRestartFenced                          // a restarted member came up fenced
+	cResumed                                // a member found the register naming it (restart, lost answer) and resumed it fenced
+	cZombieWrite                            // a write from a dead process landed
+	cNatsOutage                             // the NATS server went down
+	cLostAckedWrites                        // a NATS power cut lost acknowledged writes (fsync: interval)
+	cDeadReplaced                           // a dead holder was replaced by the survivor
+	cWatchdogKill                           // a paused member outlasted its watchdog and was killed
+	cAppendRetried                          // an event append got no answer and was retried
+	cAppendConflict                         // an event append met another process's append
+	numCounters
+)
+
+var counterNames = [numCounters]string{
+	cFailover:              "failover",
+	cFailback:              "failback",
+	cSwitchover:            "switchover",
+	cStoppedBeforeTakeover: "old-holder-stopped-before-takeover",
+	cFencedTakeover:        "fenced-holder-taken-over",
+	cPromotionRejected:     "promotion-rejected-by-cas",
+	cAcquireFailed:         "acquire-failed",
+	cLateAck:               "late-ack",
+	cOwnLateWrite:          "own-late-write-adopted",
+	cRiddenOut:             "heartbeat-failure-ridden-out",
+	cSelfFenced:            "self-fenced-on-heartbeat-failures",
+	cFenceSlow:             "fencing-slower-than-heartbeat-timeout",
+	cFenceEscalated:        "fence-step-escalated",
+	cStepHung:              "step-hung-until-timeout",
+	cFenceRetried:          "fence-chain-failed-and-retried",
+	cPromoteFailed:         "promote-failed",
+	cDemoteFailed:          "demote-failed",
+	cLeadershipLost:        "leadership-lost",
+	cReplicaCutOff:         "follower-cut-off-past-failover-timeout",
+	cJumpFalseFailure:      "clock-jump-false-failure",
+	cJumpNoPromotion:       "follower-clock-jump-without-promotion",
+	cServerClockBump:       "server-clock-bumped",
+	cRestartFenced:         "restart-came-up-fenced",
+	cResumed:               "register-resumed",
+	cZombieWrite:           "zombie-write-landed",
+	cNatsOutage:            "nats-outage",
+	cLostAckedWrites:       "nats-lost-acked-writes",
+	cDeadReplaced:          "dead-holder-replaced",
+	cWatchdogKill:          "watchdog-killed-paused-member",
+	cAppendRetried:         "event-append-retried",
+	cAppendConflict:        "event-append-conflict",
+}
+
+func (c counterID) String() string { return counterNames[c] }
+
+func (s *sim) count(c counterID) { s.counters[c]++ }

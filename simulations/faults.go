@@ -1,0 +1,403 @@
+package simulations
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"understudy/actors/procedure"
+)
+
+// FaultKind is one kind of scheduled fault (or operator action).
+type FaultKind int
+
+const (
+	// FaultPartition drops a node's messages in one or both directions (the
+	// connection is broken; the watch resumes from where it was on heal).
+	FaultPartition FaultKind = iota + 1
+	// FaultStall holds a node's messages and delivers them late, in order,
+	// on heal (TCP retransmitting through a cut).
+	FaultStall
+	// FaultLoss drops requests and replies with a probability; watch
+	// deliveries are retransmitted instead (late, in order).
+	FaultLoss
+	// FaultLatency adds latency to one or both directions.
+	FaultLatency
+	// FaultCrash kills a process (a node's member and its resource, or the
+	// NATS server); it restarts when the fault ends, or never.
+	FaultCrash
+	// FaultPowerCut is a crash that also loses what was not on the wire:
+	// held messages, and on the NATS server acknowledged writes not yet
+	// synced (fsync: interval).
+	FaultPowerCut
+	// FaultPause stops a member process (SIGSTOP) for the duration; its
+	// resource's watchdog kills the unit if the pause outlasts it.
+	FaultPause
+	// FaultJump moves a node's monotonic clock forward.
+	FaultJump
+	// FaultServerClock bumps the NATS server's clock (forward or back).
+	FaultServerClock
+	// FaultProc makes a node's procedure steps fail, hang or run slow.
+	FaultProc
+	// FaultSwitchover is an operator's switchover request to a site.
+	FaultSwitchover
+)
+
+var faultNames = [...]string{"", "partition", "stall", "loss", "latency", "crash", "powercut", "pause", "jump", "serverclock", "proc", "switchover"}
+
+func (k FaultKind) String() string {
+	if k <= 0 || int(k) >= len(faultNames) {
+		return "unset"
+	}
+	return faultNames[k]
+}
+
+// Dir is the direction of a link fault, seen from the node.
+type Dir int
+
+const (
+	DirUp   Dir = iota + 1 // node → NATS
+	DirDown                // NATS → node
+	DirBoth
+)
+
+func (d Dir) String() string {
+	switch d {
+	case DirUp:
+		return "up"
+	case DirDown:
+		return "down"
+	case DirBoth:
+		return "both"
+	}
+	return "unset"
+}
+
+func (d Dir) has(x Dir) bool { return d == DirBoth || d == x }
+
+// ProcMode is how a FaultProc makes steps misbehave.
+type ProcMode int
+
+const (
+	// ProcFail: steps fail quickly (for fence, every step but the last,
+	// which by configuration cannot fail).
+	ProcFail ProcMode = iota + 1
+	// ProcHang: steps hang until their timeout (fence: all but the last).
+	ProcHang
+	// ProcSlow: steps succeed, close to their timeout.
+	ProcSlow
+	// ProcFailAll: every step fails, the last fence step too: the chain
+	// fails entirely. A fence that cannot fence breaks the configuration's
+	// promise; the built-in scenarios use it only where nothing serves.
+	ProcFailAll
+)
+
+var procModeNames = [...]string{"", "fail", "hang", "slow", "fail-all"}
+
+func (m ProcMode) String() string {
+	if m <= 0 || int(m) >= len(procModeNames) {
+		return "unset"
+	}
+	return procModeNames[m]
+}
+
+// NATS is the Site of faults on the NATS server (crash, powercut).
+const NATS = "nats"
+
+// Fault is one entry of a fault schedule. At is when it starts (virtual
+// time from the start of the run); For is how long it lasts (0: for a
+// crash or power cut, for ever; for the instant kinds, nothing).
+type Fault struct {
+	Kind  FaultKind
+	Site  string
+	Dir   Dir
+	At    time.Duration
+	For   time.Duration
+	Value time.Duration       // latency added, clock jump or bump
+	Loss  int                 // per mille, FaultLoss
+	Chain procedure.ChainKind // FaultProc
+	Mode  ProcMode            // FaultProc
+}
+
+// instant reports whether the fault happens at one moment (no duration).
+func (f Fault) instant() bool {
+	switch f.Kind {
+	case FaultJump, FaultServerClock, FaultSwitchover:
+		return true
+	}
+	return false
+}
+
+// String is the fault in the --faults syntax, e.g. partition(site-a,both)@12.5s+4s.
+func (f Fault) String() string {
+	var b strings.Builder
+	b.WriteString(f.Kind.String())
+	args := func(a ...string) {
+		b.WriteByte('(')
+		b.WriteString(strings.Join(a, ","))
+		b.WriteByte(')')
+	}
+	switch f.Kind {
+	case FaultPartition, FaultStall:
+		args(f.Site, f.Dir.String())
+	case FaultLoss:
+		args(f.Site, formatPermille(f.Loss))
+	case FaultLatency:
+		args(f.Site, f.Dir.String(), f.Value.String())
+	case FaultCrash, FaultPowerCut, FaultPause, FaultSwitchover:
+		args(f.Site)
+	case FaultJump:
+		args(f.Site, "+"+f.Value.String())
+	case FaultServerClock:
+		s := f.Value.String()
+		if f.Value >= 0 {
+			s = "+" + s
+		}
+		args(s)
+	case FaultProc:
+		args(f.Site, f.Chain.String(), f.Mode.String())
+	}
+	b.WriteByte('@')
+	b.WriteString(f.At.String())
+	if f.For > 0 && !f.instant() {
+		b.WriteByte('+')
+		b.WriteString(f.For.String())
+	}
+	return b.String()
+}
+
+func formatPermille(p int) string {
+	if p%10 == 0 {
+		return strconv.Itoa(p/10) + "%"
+	}
+	return strconv.FormatFloat(float64(p)/10, 'f', 1, 64) + "%"
+}
+
+// FormatFaults writes a schedule in the --faults syntax: faults joined by ';'.
+func FormatFaults(fs []Fault) string {
+	parts := make([]string, len(fs))
+	for i, f := range fs {
+		parts[i] = f.String()
+	}
+	return strings.Join(parts, ";")
+}
+
+// ParseFaults reads a schedule in the --faults syntax. Sites are the pair's
+// site names, or "primary" and "replica" for them; "nats" is the server.
+//
+//	partition(SITE,up|down|both)@AT+FOR   stall(SITE,DIR)@AT+FOR
+//	loss(SITE,PCT%)@AT+FOR                latency(SITE,DIR,DUR)@AT+FOR
+//	crash(SITE|nats)@AT[+FOR]             powercut(SITE|nats)@AT[+FOR]
+//	pause(SITE)@AT+FOR                    jump(SITE,+DUR)@AT
+//	serverclock(±DUR)@AT                  switchover(SITE)@AT
+//	proc(SITE,fence|promote|demote,fail|hang|slow|fail-all)@AT+FOR
+//
+// AT and FOR are Go durations (12.5s, 1m30s). Without +FOR a crash or
+// power cut is permanent. The result is sorted by time.
+func ParseFaults(spec, primary, replica string) ([]Fault, error) {
+	var out []Fault
+	for i, raw := range strings.Split(spec, ";") {
+		raw = strings.TrimSpace(raw)
+		if raw == "" {
+			continue
+		}
+		f, err := parseFault(raw, primary, replica)
+		if err != nil {
+			return nil, fmt.Errorf("fault %d %q: %w", i+1, raw, err)
+		}
+		out = append(out, f)
+	}
+	slices.SortStableFunc(out, func(a, b Fault) int { return cmp.Compare(a.At, b.At) })
+	return out, nil
+}
+
+func parseFault(raw, primary, replica string) (Fault, error) {
+	var f Fault
+	head, when, ok := strings.Cut(raw, "@")
+	if !ok {
+		return f, fmt.Errorf("missing @TIME")
+	}
+	name, args := head, ""
+	if i := strings.IndexByte(head, '('); i >= 0 {
+		if !strings.HasSuffix(head, ")") {
+			return f, fmt.Errorf("missing ')'")
+		}
+		name, args = head[:i], head[i+1:len(head)-1]
+	}
+	kind := FaultKind(slices.Index(faultNames[:], name))
+	if kind <= 0 {
+		return f, fmt.Errorf("unknown fault %q (known: %s)", name, strings.Join(faultNames[1:], ", "))
+	}
+	f.Kind = kind
+	at, dur, hasFor := strings.Cut(when, "+")
+	var err error
+	if f.At, err = parseDur(at); err != nil || f.At < 0 {
+		return f, fmt.Errorf("time %q: want a non-negative Go duration such as 12.5s", at)
+	}
+	if hasFor {
+		if f.instant() {
+			return f, fmt.Errorf("%s happens at an instant: no +DURATION", name)
+		}
+		if f.For, err = parseDur(dur); err != nil || f.For <= 0 {
+			return f, fmt.Errorf("duration %q: want a positive Go duration such as 4s", dur)
+		}
+	}
+	var a []string
+	if args != "" {
+		a = strings.Split(args, ",")
+		for i := range a {
+			a[i] = strings.TrimSpace(a[i])
+		}
+	}
+	want := func(n int, form string) error {
+		if len(a) != n {
+			return fmt.Errorf("want %s(%s)", name, form)
+		}
+		return nil
+	}
+	site := func(s string, natsOK bool) (string, error) {
+		switch s {
+		case "primary":
+			return primary, nil
+		case "replica":
+			return replica, nil
+		case primary, replica:
+			return s, nil
+		case NATS:
+			if natsOK {
+				return s, nil
+			}
+		}
+		if natsOK {
+			return "", fmt.Errorf("site %q: want %s, %s or nats", s, primary, replica)
+		}
+		return "", fmt.Errorf("site %q: want %s or %s", s, primary, replica)
+	}
+	dir := func(s string) (Dir, error) {
+		switch s {
+		case "up":
+			return DirUp, nil
+		case "down":
+			return DirDown, nil
+		case "both":
+			return DirBoth, nil
+		}
+		return 0, fmt.Errorf("direction %q: want up, down or both", s)
+	}
+	needFor := func() error {
+		if f.For <= 0 {
+			return fmt.Errorf("%s needs a duration: %s(...)@AT+FOR", name, name)
+		}
+		return nil
+	}
+	switch kind {
+	case FaultPartition, FaultStall:
+		if err := want(2, "SITE,up|down|both"); err != nil {
+			return f, err
+		}
+		if f.Site, err = site(a[0], false); err != nil {
+			return f, err
+		}
+		if f.Dir, err = dir(a[1]); err != nil {
+			return f, err
+		}
+		return f, needFor()
+	case FaultLoss:
+		if err := want(2, "SITE,PCT%"); err != nil {
+			return f, err
+		}
+		if f.Site, err = site(a[0], false); err != nil {
+			return f, err
+		}
+		p, perr := strconv.ParseFloat(strings.TrimSuffix(a[1], "%"), 64)
+		if perr != nil || !strings.HasSuffix(a[1], "%") || p <= 0 || p > 100 {
+			return f, fmt.Errorf("loss %q: want a percentage in (0%%, 100%%] such as 5%%", a[1])
+		}
+		f.Loss, f.Dir = int(p*10+0.5), DirBoth
+		return f, needFor()
+	case FaultLatency:
+		if err := want(3, "SITE,DIR,DURATION"); err != nil {
+			return f, err
+		}
+		if f.Site, err = site(a[0], false); err != nil {
+			return f, err
+		}
+		if f.Dir, err = dir(a[1]); err != nil {
+			return f, err
+		}
+		if f.Value, err = parseDur(a[2]); err != nil || f.Value <= 0 {
+			return f, fmt.Errorf("latency %q: want a positive duration", a[2])
+		}
+		return f, needFor()
+	case FaultCrash, FaultPowerCut:
+		if err := want(1, "SITE"); err != nil {
+			return f, err
+		}
+		f.Site, err = site(a[0], true)
+		return f, err
+	case FaultPause:
+		if err := want(1, "SITE"); err != nil {
+			return f, err
+		}
+		if f.Site, err = site(a[0], false); err != nil {
+			return f, err
+		}
+		return f, needFor()
+	case FaultSwitchover:
+		if err := want(1, "SITE"); err != nil {
+			return f, err
+		}
+		f.Site, err = site(a[0], false)
+		return f, err
+	case FaultJump:
+		if err := want(2, "SITE,+DURATION"); err != nil {
+			return f, err
+		}
+		if f.Site, err = site(a[0], false); err != nil {
+			return f, err
+		}
+		if f.Value, err = parseDur(strings.TrimPrefix(a[1], "+")); err != nil || f.Value <= 0 {
+			return f, fmt.Errorf("jump %q: a monotonic clock only jumps forward: want +DURATION", a[1])
+		}
+		return f, nil
+	case FaultServerClock:
+		if err := want(1, "±DURATION"); err != nil {
+			return f, err
+		}
+		if f.Value, err = parseDur(strings.TrimPrefix(a[0], "+")); err != nil || f.Value == 0 {
+			return f, fmt.Errorf("clock bump %q: want a non-zero duration such as +2s or -1s", a[0])
+		}
+		return f, nil
+	case FaultProc:
+		if err := want(3, "SITE,fence|promote|demote,fail|hang|slow|fail-all"); err != nil {
+			return f, err
+		}
+		if f.Site, err = site(a[0], false); err != nil {
+			return f, err
+		}
+		switch a[1] {
+		case "fence":
+			f.Chain = procedure.ChainFence
+		case "promote":
+			f.Chain = procedure.ChainPromote
+		case "demote":
+			f.Chain = procedure.ChainDemote
+		default:
+			return f, fmt.Errorf("chain %q: want fence, promote or demote", a[1])
+		}
+		m := ProcMode(slices.Index(procModeNames[:], a[2]))
+		if m <= 0 {
+			return f, fmt.Errorf("mode %q: want fail, hang, slow or fail-all", a[2])
+		}
+		f.Mode = m
+		return f, needFor()
+	}
+	return f, fmt.Errorf("unknown fault %q", name)
+}
+
+func parseDur(s string) (time.Duration, error) {
+	return time.ParseDuration(strings.TrimSpace(s))
+}

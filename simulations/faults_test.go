@@ -1,0 +1,86 @@
+package simulations
+
+import (
+	"math/rand/v2"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"understudy/actors/procedure"
+)
+
+// Every schedule the generators produce survives FormatFaults and
+// ParseFaults unchanged: a printed schedule reproduces the run.
+func TestFaultSyntaxRoundTrip(t *testing.T) {
+	rules := DefaultPair()
+	for _, sc := range Scenarios() {
+		for seed := uint64(1); seed <= 20; seed++ {
+			fs := sc.Schedule(rand.New(rand.NewPCG(seed, streamSchedule)), rules, sc.Duration)
+			text := FormatFaults(fs)
+			back, err := ParseFaults(text, rules.Primary, rules.Replica)
+			if err != nil {
+				t.Fatalf("%s seed %d: parse %q: %v", sc.Name, seed, text, err)
+			}
+			if len(fs) == 0 && len(back) == 0 {
+				continue
+			}
+			if !reflect.DeepEqual(sortedByTime(fs), back) {
+				t.Fatalf("%s seed %d: round trip changed the schedule\n in: %v\nout: %v", sc.Name, seed, fs, back)
+			}
+		}
+	}
+}
+
+func sortedByTime(fs []Fault) []Fault {
+	out := append([]Fault(nil), fs...)
+	for i := 1; i < len(out); i++ {
+		for j := i; j > 0 && out[j].At < out[j-1].At; j-- {
+			out[j], out[j-1] = out[j-1], out[j]
+		}
+	}
+	return out
+}
+
+func TestParseFaults(t *testing.T) {
+	fs, err := ParseFaults(" partition(primary,both)@12.5s+4s; crash(nats)@1m ;loss(site-b,2.5%)@3s+1m;proc(site-a,fence,fail-all)@2s+1s;serverclock(-1.5s)@4s;jump(replica,+30s)@5s", "site-a", "site-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Fault{
+		{Kind: FaultProc, Site: "site-a", Chain: procedure.ChainFence, Mode: ProcFailAll, At: 2 * time.Second, For: time.Second},
+		{Kind: FaultLoss, Site: "site-b", Dir: DirBoth, Loss: 25, At: 3 * time.Second, For: time.Minute},
+		{Kind: FaultServerClock, Value: -1500 * time.Millisecond, At: 4 * time.Second},
+		{Kind: FaultJump, Site: "site-b", Value: 30 * time.Second, At: 5 * time.Second},
+		{Kind: FaultPartition, Site: "site-a", Dir: DirBoth, At: 12500 * time.Millisecond, For: 4 * time.Second},
+		{Kind: FaultCrash, Site: NATS, At: time.Minute},
+	}
+	if !reflect.DeepEqual(fs, want) {
+		t.Fatalf("parsed\n %v\nwant\n %v", fs, want)
+	}
+	if got := FormatFaults(fs); got != "proc(site-a,fence,fail-all)@2s+1s;loss(site-b,2.5%)@3s+1m0s;serverclock(-1.5s)@4s;jump(site-b,+30s)@5s;partition(site-a,both)@12.5s+4s;crash(nats)@1m0s" {
+		t.Errorf("formatted %q", got)
+	}
+	for _, tc := range []struct{ spec, want string }{
+		{"partition(site-a,both)", "missing @TIME"},
+		{"flood(site-a)@1s", `unknown fault "flood"`},
+		{"partition(site-c,both)@1s+1s", `site "site-c"`},
+		{"partition(site-a,sideways)@1s+1s", `direction "sideways"`},
+		{"partition(site-a,both)@1s", "needs a duration"},
+		{"pause(site-a)@1s", "needs a duration"},
+		{"jump(site-a,-1s)@1s", "only jumps forward"},
+		{"jump(site-a,+1s)@1s+2s", "no +DURATION"},
+		{"loss(site-a,120%)@1s+1s", "percentage"},
+		{"latency(site-a,up)@1s+1s", "want latency(SITE,DIR,DURATION)"},
+		{"proc(site-a,check,fail)@1s+1s", `chain "check"`},
+		{"proc(site-a,fence,explode)@1s+1s", `mode "explode"`},
+		{"pause(nats)@1s+1s", `site "nats"`},
+		{"crash(site-a)@-1s", "non-negative"},
+		{"crash(site-a@1s", "missing ')'"},
+	} {
+		_, err := ParseFaults(tc.spec, "site-a", "site-b")
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ParseFaults(%q) = %v, want an error containing %q", tc.spec, err, tc.want)
+		}
+	}
+}

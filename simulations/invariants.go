@@ -1,0 +1,212 @@
+package simulations
+
+import (
+	"time"
+
+	"understudy/actors/failover"
+)
+
+// Invariant names, as reported.
+const (
+	// InvSplitBrain: two databases serve at once (resource level: a promote
+	// step that succeeded starts serving; a fence or demote step that
+	// succeeded, a crash or a power cut stops it).
+	InvSplitBrain = "split-brain"
+	// InvPromotionWhileWrites: an acquire CAS won the register from another
+	// site although that site's unfenced register writes were still landing
+	// within failover_timeout before it (virtual time: the server's clock
+	// without the bumps a schedule gives it).
+	InvPromotionWhileWrites = "promotion-while-primary-writes-land"
+	// InvDeadNotReplaced: the register named a dead member, the survivor and
+	// NATS were healthy, and the survivor was not serving within the bound
+	// failover_timeout + 2 heartbeat_timeout + fence chain + promote chain +
+	// 6 × the link's maximum latency.
+	InvDeadNotReplaced = "dead-primary-not-replaced"
+	// InvFlapping: more than maxCalmChanges leadership changes once every
+	// fault had cleared.
+	InvFlapping = "leadership-flapping"
+	// InvUnavailable: every fault had cleared, both members and NATS ran,
+	// and still nobody served for longer than the settle bound (the
+	// liveness bound plus success_threshold + 2 heartbeats and the fence
+	// and demote chains).
+	InvUnavailable = "unavailable-after-faults-cleared"
+	// InvScenario: a scenario's own expectation failed (something it says
+	// must never happen in it did).
+	InvScenario = "scenario-expectation"
+)
+
+// scopes of faults, for calm periods: one per node, and NATS itself.
+const scopeNATS = 2
+
+// invariants is the checkers' state. Everything is O(1) per step.
+type invariants struct {
+	// leadership
+	lastHolder  string
+	changes     int
+	calmChanges int
+	// availability
+	everServed bool
+	gap        bool
+	gapStart   time.Duration
+	maxGap     time.Duration
+	// calm periods
+	active     [3]int
+	lastChange [3]time.Duration
+	// liveness
+	lastStop      time.Duration // a database stopped and nobody served
+	unavailReport bool
+	armed         bool
+	dead          int
+	armedAt       time.Duration
+	reported      bool
+}
+
+func (v *invariants) init(*sim) {}
+
+func (v *invariants) calm() bool { return v.active[0]+v.active[1]+v.active[scopeNATS] == 0 }
+
+// faultEvent: a fault started (windowed: it stays in force) or ended, or an
+// instant one happened, in a scope.
+func (v *invariants) faultEvent(s *sim, scope int, delta int) {
+	v.active[scope] += delta
+	v.lastChange[scope] = s.now
+	v.calmChanges = 0
+}
+
+// registerWritten runs when a register write lands, before s.reg moves.
+func (v *invariants) registerWritten(s *sim, n *node, w *failover.Write, res writeResult) {
+	n.lastLanded = s.now
+	if w.Leader.Site != "" && !w.Leader.Fenced {
+		n.lastUnfenced, n.unfenced = s.now, true
+	}
+	if w.Kind == failover.WriteAcquire {
+		n.wins++
+		prev := s.reg
+		switch {
+		case !s.regKnown:
+		case prev.Site != "" && prev.Site != n.site:
+			o := s.other(n)
+			s.count(cFailover)
+			if prev.Fenced {
+				s.count(cFencedTakeover)
+			}
+			if !o.serving {
+				s.count(cStoppedBeforeTakeover)
+			}
+			fo := s.foCheck
+			if o.unfenced && s.now-o.lastUnfenced < fo {
+				s.violate(InvPromotionWhileWrites,
+					"%s's acquire (term %d, expecting rev %d) won at %.3fs; %s's last unfenced register write landed at %.3fs, %v before (failover_timeout %v)",
+					n.site, w.Leader.Term, w.ExpectRev, s.now.Seconds(), o.site, o.lastUnfenced.Seconds(), s.now-o.lastUnfenced, fo)
+			}
+		case prev.Site == "" && prev.Planned:
+			s.count(cSwitchover)
+		case prev.Site == "" && prev.Handoff == n.site && n.primary:
+			s.count(cFailback)
+		}
+		if v.lastHolder != "" && v.lastHolder != n.site {
+			v.changes++
+			if v.calm() {
+				v.calmChanges++
+				if v.calmChanges > s.calmLimit {
+					s.violate(InvFlapping, "%d leadership changes since every fault cleared at %.3fs (at most %d expected: a takeover in progress, then a failback)",
+						v.calmChanges, max(v.lastChange[0], v.lastChange[1], v.lastChange[scopeNATS]).Seconds(), s.calmLimit)
+				}
+			}
+		}
+		v.lastHolder = n.site
+	}
+}
+
+// servingChanged runs whenever a database starts or stops serving.
+func (v *invariants) servingChanged(s *sim, n *node) {
+	o := s.other(n)
+	if n.serving {
+		if o.serving {
+			s.violate(InvSplitBrain, "%s serving since %.3fs and %s serving since %.3fs: both at once",
+				o.site, o.servingSince.Seconds(), n.site, s.now.Seconds())
+		}
+		if v.gap {
+			v.maxGap = max(v.maxGap, s.now-v.gapStart)
+		}
+		v.everServed, v.gap = true, false
+		return
+	}
+	if !o.serving {
+		v.lastStop = s.now
+		if v.everServed && !v.gap {
+			v.gap, v.gapStart = true, s.now
+		}
+	}
+}
+
+// checkArm arms the liveness check when the register names a dead member
+// (or hands over to one). It stays armed until the dead member is back or
+// the survivor serves.
+func (v *invariants) checkArm(s *sim) {
+	if !s.regKnown || v.armed {
+		return
+	}
+	target := s.reg.Site
+	if target == "" {
+		target = s.reg.Handoff
+	}
+	if d := s.nodeBySite(target); d != nil && !d.alive {
+		v.armed, v.dead, v.armedAt, v.reported = true, d.idx, s.now, false
+	}
+}
+
+// step runs after every queue item.
+func (v *invariants) step(s *sim) {
+	a, b := s.nodes[0], s.nodes[1]
+	for _, n := range s.nodes {
+		if n.jumpUntil != 0 && s.now > n.jumpUntil {
+			if n.wins == n.jumpWins {
+				s.count(cJumpNoPromotion)
+			}
+			n.jumpUntil = 0
+		}
+	}
+	if !a.serving && !b.serving && a.alive && b.alive && v.calm() && !v.unavailReport {
+		since := max(v.lastStop, v.lastChange[0], v.lastChange[1], v.lastChange[scopeNATS])
+		if s.now > since+s.settle {
+			v.unavailReport = true
+			s.violate(InvUnavailable, "every fault cleared by %.3fs and both members run, yet nobody has served since %.3fs (settle bound %v)",
+				max(v.lastChange[0], v.lastChange[1], v.lastChange[scopeNATS]).Seconds(), v.lastStop.Seconds(), s.settle)
+		}
+	}
+	if !v.armed {
+		return
+	}
+	d := s.nodes[v.dead]
+	surv := s.other(d)
+	switch {
+	case d.alive:
+		v.armed = false
+		return
+	case surv.serving:
+		s.count(cDeadReplaced)
+		v.armed = false
+		return
+	case v.reported || !surv.alive || v.active[surv.idx] > 0 || v.active[scopeNATS] > 0:
+		return
+	}
+	start := max(v.armedAt, d.downAt, d.lastLanded, v.lastChange[surv.idx], v.lastChange[scopeNATS])
+	if s.now > start+s.bound {
+		v.reported = true
+		s.violate(InvDeadNotReplaced, "the register names %s, dead since %.3fs (its last register write landed at %.3fs); %s and NATS healthy since %.3fs, yet %s does not serve after the bound %v",
+			d.site, d.downAt.Seconds(), d.lastLanded.Seconds(), surv.site, start.Seconds(), surv.site, s.bound)
+	}
+}
+
+// finish runs once at the end of the run.
+func (v *invariants) finish(s *sim) {
+	if v.gap {
+		v.maxGap = max(v.maxGap, s.now-v.gapStart)
+	}
+	for _, c := range s.sc.Forbidden {
+		if s.counters[c] > 0 {
+			s.violate(InvScenario, "scenario %s: %q must never happen in it, happened %d times", s.sc.Name, c, s.counters[c])
+		}
+	}
+}

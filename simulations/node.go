@@ -1,0 +1,393 @@
+package simulations
+
+import (
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"understudy/actors/failover"
+	"understudy/actors/procedure"
+	"understudy/events"
+)
+
+// pendingWrite remembers a write a member issued, to notice late answers.
+type pendingWrite struct {
+	op       uint64
+	deadline time.Duration
+	kind     failover.WriteKind
+}
+
+// appender is the runtime's event appender: one append in flight per
+// subject, expected last subject sequence and a message id per position,
+// retried after a timeout. Its queue dies with the process.
+type appender struct {
+	subject  string
+	queue    [][]byte
+	inflight bool
+	attempt  uint64
+	last     uint64
+	known    bool
+	stopped  bool
+}
+
+// dirState is one direction of a node's link to NATS: FIFO, with the
+// faults in force.
+type dirState struct {
+	last    time.Duration // delivery time of the latest message: FIFO
+	base    time.Duration // the link's own one-way latency
+	drop    int           // partitions in force: messages are dropped
+	stall   int           // stalls in force: messages are held
+	loss    int           // per mille, summed over loss faults in force
+	extra   time.Duration // latency faults in force
+	held    []int32
+	dropped bool // something was dropped since the last heal
+}
+
+func (d *dirState) clear() bool { return d.drop == 0 && d.stall == 0 }
+
+// node is one site: a machine with a member process (the failover member
+// and its resource's procedure runner), a local clock and a link to NATS.
+type node struct {
+	idx     int
+	site    string
+	primary bool
+	rng     *rand.Rand
+
+	alive   bool // the member process runs
+	powered bool
+	paused  bool
+	holds   int // crash and power-cut faults keeping the process down
+	inc     uint32
+	starts  int
+
+	m      *failover.Member
+	runner *procedure.Runner
+	curRun uint64 // the step whose completion has a physical effect
+	clk    nodeClock
+	up     dirState
+	down   dirState
+	apps   [2]appender
+
+	serving      bool
+	servingSince time.Duration
+
+	tickGen uint64
+	tickAt  time.Duration
+	tickSet bool
+
+	watch        bool // the KV watch is established
+	deliveredRev uint64
+	deferred     []item // what arrived while paused
+	pauseID      uint64
+
+	pending     [16]pendingWrite
+	pendingNext int
+	proc        [4][5]int // procedure faults in force, by chain kind and mode
+
+	// Invariant bookkeeping.
+	downAt       time.Duration
+	lastLanded   time.Duration // the node's latest register write landed
+	lastUnfenced time.Duration // ... of those with fenced = false
+	unfenced     bool
+	wins         int // acquires won
+	jumping      bool
+	jumpUntil    time.Duration
+	jumpWins     int
+}
+
+func (s *sim) newNode(i int, site string) *node {
+	n := &node{idx: i, site: site, primary: site == s.rules.Primary, powered: true}
+	n.rng = rand.New(rand.NewPCG(s.cfg.Seed, streamNode+uint64(i)))
+	n.clk = nodeClock{base: time.Duration(n.rng.Int64N(int64(24 * time.Hour))), ppm: n.rng.Int64N(201) - 100}
+	span := int64(max(s.maxLat/4, time.Millisecond))
+	n.up.base = minLatency + time.Duration(n.rng.Int64N(span))
+	n.down.base = minLatency + time.Duration(n.rng.Int64N(span))
+	n.apps[0].subject = failover.Subject(s.rules.Pair, site)
+	n.apps[1].subject = procedure.Subject(s.resource(site))
+	return n
+}
+
+func (s *sim) resource(site string) string { return s.rules.Pair + "." + site }
+
+// latency samples one message's one-way latency: the link's base plus a
+// jitter (capped at maxLat), plus what latency faults add (±10%).
+func (s *sim) latency(n *node, d *dirState) time.Duration {
+	j := time.Duration(n.rng.ExpFloat64() * float64(s.maxLat/8))
+	lat := min(d.base+j, s.maxLat)
+	if d.extra > 0 {
+		lat += d.extra - d.extra/10 + time.Duration(n.rng.Int64N(int64(d.extra/5)+1))
+	}
+	return max(lat, minLatency)
+}
+
+// send puts message ref on a node's link, up (to NATS) or down.
+func (s *sim) send(n *node, up bool, ref int32) {
+	d, kind := &n.down, evDown
+	if up {
+		d, kind = &n.up, evUp
+	}
+	if d.drop > 0 {
+		d.dropped = true
+		s.release(ref)
+		return
+	}
+	if d.stall > 0 {
+		d.held = append(d.held, ref)
+		return
+	}
+	var extra time.Duration
+	if d.loss > 0 && n.rng.IntN(1000) < d.loss {
+		if k := s.msgs[ref].kind; up || (k != mEntry && k != mSynced) {
+			s.release(ref)
+			return
+		}
+		// The watch runs on TCP: a lost segment is retransmitted, late.
+		extra = 200 * time.Millisecond << n.rng.IntN(3)
+	}
+	at := max(s.now+s.latency(n, d)+extra, d.last)
+	d.last = at
+	s.push(item{at: at, kind: kind, node: int8(n.idx), ref: ref})
+}
+
+// flush delivers what a stall held, in order.
+func (s *sim) flush(n *node, up bool) {
+	d := &n.down
+	if up {
+		d = &n.up
+	}
+	held := d.held
+	d.held = nil
+	for _, ref := range held {
+		s.send(n, up, ref)
+	}
+}
+
+// reachable: the node can talk to a running NATS both ways.
+func (s *sim) reachable(n *node) bool {
+	return !s.server.down && n.up.clear() && n.down.clear()
+}
+
+// start (re)starts a node's member process: a fresh member replays its
+// event subject from the log (when NATS is reachable; otherwise it starts
+// without history, as the runtime does), then Start brings it up fenced.
+func (s *sim) start(n *node) {
+	n.powered, n.alive, n.paused = true, true, false
+	n.inc++
+	m, err := failover.NewMember(n.site, s.rules, s.opts)
+	if err != nil {
+		panic("simulator: rules were validated: " + err.Error())
+	}
+	n.m = m
+	n.apps[0] = appender{subject: n.apps[0].subject}
+	n.apps[1] = appender{subject: n.apps[1].subject}
+	replayed := 0
+	if s.reachable(n) {
+		for _, rec := range s.server.records(n.apps[0].subject) {
+			n.apps[0].last, n.apps[0].known = rec.Sequence, true
+			ev, err := s.codec.DecodeRecord(rec)
+			if err != nil {
+				continue
+			}
+			if _, unknown := ev.(*events.Unknown); unknown {
+				continue
+			}
+			m.Apply(ev)
+			replayed++
+		}
+		if !n.apps[0].known {
+			n.apps[0].known = true // empty subject: last sequence 0
+		}
+	}
+	n.runner = procedure.NewRunner(s.resource(n.site), s.spec)
+	n.curRun = 0
+	if n.starts > 0 {
+		s.count(cRestartFenced)
+		s.tracef(n.site, "process restarts (replayed %d events, term %d)", replayed, m.Term())
+	}
+	n.starts++
+	s.tr.u64(uint64(replayed))
+	s.handle(n, m.Start(n.clk.local(s.now)))
+	n.watch, n.deliveredRev = false, 0
+	s.resync(n)
+	s.armTick(n)
+}
+
+// crash kills a node's member process; the resource dies with it (see
+// docs/failover.md, "Assumption"). Messages it already sent stay on the
+// wire; with power, what the link held is lost too and the machine stays
+// off until the fault ends.
+func (s *sim) crash(n *node, power bool) {
+	if power {
+		n.powered = false
+		for _, d := range []*dirState{&n.up, &n.down} {
+			for _, ref := range d.held {
+				s.release(ref)
+			}
+			d.held = nil
+		}
+	}
+	if !n.alive {
+		return
+	}
+	s.setServing(n, false, "process gone")
+	n.alive, n.paused = false, false
+	n.m, n.runner, n.curRun = nil, nil, 0
+	for _, it := range n.deferred {
+		switch it.kind {
+		case evDown, evStepDone, evProcDone:
+			s.release(it.ref)
+		}
+	}
+	n.deferred = nil
+	n.apps[0] = appender{subject: n.apps[0].subject}
+	n.apps[1] = appender{subject: n.apps[1].subject}
+	n.watch, n.tickSet = false, false
+	n.downAt = s.now
+	s.inv.checkArm(s)
+}
+
+// pause stops a node's member process (SIGSTOP); what reaches it waits.
+func (s *sim) pause(n *node) bool {
+	if !n.alive || n.paused {
+		return false
+	}
+	n.paused = true
+	n.pauseID++
+	s.push(item{at: s.now + s.watchdog(), kind: evWatchdog, node: int8(n.idx), gen: n.pauseID})
+	return true
+}
+
+// watchdog is how long the resource's watchdog tolerates a silent member:
+// short enough that a pause cannot stretch a fence past fence_grace.
+func (s *sim) watchdog() time.Duration { return max(s.rules.FenceGrace/5, time.Millisecond) }
+
+func (s *sim) resume(n *node, id uint64) {
+	if !n.alive || !n.paused || n.pauseID != id {
+		return
+	}
+	n.paused = false
+	items := n.deferred
+	n.deferred = nil
+	for _, it := range items {
+		s.dispatch(it)
+	}
+	s.armTick(n)
+}
+
+// resync (re)establishes a node's watch when it can reach NATS: a new
+// watch delivers the current value of every key, then Synced; a resumed
+// one delivers what was written since the last revision it delivered (an
+// ordered consumer), and the node skips what it has already seen.
+func (s *sim) resync(n *node) {
+	if !n.alive || !s.reachable(n) {
+		return
+	}
+	pattern := s.rules.Pair + ".>"
+	if !n.watch {
+		entries, _, err := s.server.kv.Snapshot(pattern, events.WatchOptions{})
+		if err != nil {
+			panic("simulator: snapshot: " + err.Error())
+		}
+		for _, e := range entries {
+			if in := s.entryInput(e); in != nil {
+				s.send(n, false, s.alloc(msg{kind: mEntry, inc: n.inc, rev: e.Revision, in: in}))
+			}
+		}
+		s.send(n, false, s.alloc(msg{kind: mSynced, inc: n.inc}))
+		n.watch = true
+		return
+	}
+	n.down.dropped = false
+	entries, err := s.server.kv.Changes(pattern, n.deliveredRev)
+	if err != nil {
+		panic("simulator: changes: " + err.Error())
+	}
+	for _, e := range entries {
+		if in := s.entryInput(e); in != nil {
+			s.send(n, false, s.alloc(msg{kind: mEntry, inc: n.inc, rev: e.Revision, in: in}))
+		}
+	}
+}
+
+// entryInput turns a KV entry of the pair into a member input, as the
+// runtime's watch does (nil: not one of the pair's keys).
+func (s *sim) entryInput(e events.Entry) failover.Input {
+	pair := s.rules.Pair
+	if e.Op != events.OpPut {
+		return nil
+	}
+	switch {
+	case e.Key == failover.LeaderKey(pair):
+		l, err := failover.DecodeLeader(e.Value)
+		if err != nil {
+			return nil
+		}
+		return failover.LeaderObserved{Entry: failover.LeaderEntry{Rev: e.Revision, Time: e.Time, Value: l}}
+	case strings.HasPrefix(e.Key, pair+".hb."):
+		h, err := failover.DecodeHeartbeat(e.Value)
+		if err != nil {
+			return nil
+		}
+		return failover.HeartbeatObserved{Rev: e.Revision, Time: e.Time, Value: h}
+	case e.Key == failover.ConfigKey(pair):
+		r, err := failover.DecodeRules(e.Value)
+		if err != nil {
+			return failover.ConfigObserved{Rev: e.Revision, DecodeErr: err.Error()}
+		}
+		return failover.ConfigObserved{Rev: e.Revision, Rules: r}
+	case e.Key == failover.SwitchoverKey(pair):
+		sw, err := failover.DecodeSwitchover(e.Value)
+		if err != nil {
+			return nil
+		}
+		return failover.SwitchoverObserved{Rev: e.Revision, Request: sw}
+	}
+	return nil
+}
+
+// onWriteResult notices, before the member does, what a write's answer says.
+func (s *sim) onWriteResult(n *node, r *failover.WriteResult) {
+	for i := range n.pending {
+		p := &n.pending[i]
+		if p.op != r.Op || p.op == 0 {
+			continue
+		}
+		if r.Err == failover.WriteOK && n.clk.local(s.now) > p.deadline {
+			s.count(cLateAck)
+		}
+		if p.kind == failover.WriteBeat && r.Err == failover.WriteConflict && r.Current != nil &&
+			r.Current.Value.Site == n.site && r.Current.Value.Term == n.m.Term() {
+			s.count(cOwnLateWrite)
+		}
+		p.op = 0
+		return
+	}
+}
+
+// onMemberEvent counts what a member's events show.
+func (s *sim) onMemberEvent(n *node, ev events.Event) {
+	switch e := ev.(type) {
+	case *failover.HeartbeatFailed:
+		if n.jumping {
+			s.count(cJumpFalseFailure)
+		}
+	case *failover.HeartbeatRecovered:
+		if n.m.Phase() == failover.PhaseLeader {
+			s.count(cRiddenOut)
+		}
+	case *failover.FenceRequested:
+		if e.Reason == failover.FenceHeartbeatFailures {
+			s.count(cSelfFenced)
+		}
+	case *failover.PromotionRejected:
+		s.count(cPromotionRejected)
+	case *failover.AcquireFailed:
+		s.count(cAcquireFailed)
+	case *failover.Resumed:
+		s.count(cResumed)
+	case *failover.LeadershipLost:
+		s.count(cLeadershipLost)
+	case *failover.FenceFailed:
+		s.count(cFenceRetried)
+	}
+}

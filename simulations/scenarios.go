@@ -1,0 +1,342 @@
+package simulations
+
+import (
+	"math/rand/v2"
+	"time"
+
+	"understudy/actors/failover"
+	"understudy/actors/procedure"
+)
+
+// Scenario is a named fault schedule with the counters it must exercise.
+type Scenario struct {
+	Name     string
+	Summary  string
+	Duration time.Duration // default simulated time
+	Fsync    FsyncMode     // 0: always
+	// Schedule generates the faults for a run from its own PRNG stream.
+	Schedule func(r *rand.Rand, rules failover.Rules, d time.Duration) []Fault
+	// Required are the counters a run must see at least once; Forbidden
+	// must stay 0 (they are checked as the scenario-expectation invariant).
+	Required  []counterID
+	Forbidden []counterID
+	// AutoOnly are required only with failback: auto.
+	AutoOnly []counterID
+}
+
+func (sc *Scenario) required(r failover.Rules) [numCounters]bool {
+	var out [numCounters]bool
+	for _, c := range sc.Required {
+		out[c] = true
+	}
+	if r.Failback == failover.FailbackAuto {
+		for _, c := range sc.AutoOnly {
+			out[c] = true
+		}
+	}
+	return out
+}
+
+// RequiredCounters lists the names of the counters a scenario must exercise
+// with rules.
+func (sc *Scenario) RequiredCounters(r failover.Rules) []string {
+	req := sc.required(r)
+	var out []string
+	for c := counterID(0); c < numCounters; c++ {
+		if req[c] {
+			out = append(out, c.String())
+		}
+	}
+	return out
+}
+
+// between returns a duration in [lo, hi), rounded to the millisecond so
+// that schedules read well.
+func between(r *rand.Rand, lo, hi time.Duration) time.Duration {
+	if hi <= lo {
+		return lo.Round(time.Millisecond)
+	}
+	return (lo + time.Duration(r.Int64N(int64(hi-lo)))).Round(time.Millisecond)
+}
+
+// scenarios is the catalogue, in --list order.
+var scenarios = []*Scenario{
+	{
+		Name: "power-cut", Summary: "the primary loses power for good; the replica takes over within the bound",
+		Duration: 2 * time.Minute,
+		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+			return []Fault{{Kind: FaultPowerCut, Site: rl.Primary, At: between(r, 20*time.Second, 40*time.Second)}}
+		},
+		Required: []counterID{cFailover, cDeadReplaced, cStoppedBeforeTakeover},
+	},
+	{
+		Name: "flaky-network", Summary: "lossy, jittery links on both sites: isolated lost heartbeats are ridden out",
+		Duration: 10 * time.Minute,
+		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+			var out []Fault
+			for _, site := range []string{rl.Primary, rl.Replica} {
+				out = append(out, Fault{Kind: FaultLoss, Site: site, Dir: DirBoth, Loss: 20 + r.IntN(31), At: 10 * time.Second, For: d - 20*time.Second})
+			}
+			for t := between(r, 15*time.Second, 30*time.Second); t < d-10*time.Second; t += between(r, 10*time.Second, 40*time.Second) {
+				site := []string{rl.Primary, rl.Replica}[r.IntN(2)]
+				dir := []Dir{DirUp, DirDown, DirBoth}[r.IntN(3)]
+				out = append(out, Fault{Kind: FaultLatency, Site: site, Dir: dir, Value: between(r, rl.HeartbeatTimeout/4, rl.HeartbeatTimeout*3/4),
+					At: t, For: between(r, time.Second, 3*time.Second)})
+			}
+			return out
+		},
+		Required: []counterID{cRiddenOut},
+	},
+	{
+		Name: "slow-death", Summary: "the primary's link latency climbs to 5s: it fences itself before the replica promotes",
+		Duration: 3 * time.Minute,
+		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+			at := between(r, 30*time.Second, 40*time.Second)
+			return []Fault{{Kind: FaultLatency, Site: rl.Primary, Dir: DirBoth, Value: 5 * time.Second, At: at, For: d - at}}
+		},
+		Required: []counterID{cSelfFenced, cFailover, cStoppedBeforeTakeover},
+	},
+	{
+		Name: "replica-partition", Summary: "the replica is cut off (both ways, one way, stalled) past failover_timeout, again and again; it never promotes",
+		Duration: 6 * time.Minute,
+		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+			var out []Fault
+			fo := rl.FailoverTimeout
+			for t := 30 * time.Second; t < d-4*fo; t += between(r, 40*time.Second, 60*time.Second) {
+				kind := []FaultKind{FaultPartition, FaultPartition, FaultStall}[r.IntN(3)]
+				dir := []Dir{DirBoth, DirUp, DirDown}[r.IntN(3)]
+				out = append(out, Fault{Kind: kind, Site: rl.Replica, Dir: dir, At: t, For: between(r, fo*3/2, fo*5/2)})
+			}
+			return out
+		},
+		Required:  []counterID{cReplicaCutOff},
+		Forbidden: []counterID{cFailover},
+	},
+	{
+		Name: "replica-lag", Summary: "the replica's writes take 2 heartbeats while the primary's stop landing past failover_timeout: the replica's CAS is rejected",
+		Duration: 6 * time.Minute,
+		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+			var out []Fault
+			hb, fo := rl.HeartbeatTimeout, rl.FailoverTimeout
+			for t := 30 * time.Second; t < d-fo-20*time.Second; t += between(r, 40*time.Second, 50*time.Second) {
+				out = append(out,
+					Fault{Kind: FaultLatency, Site: rl.Replica, Dir: DirUp, Value: 2 * hb, At: t, For: fo + 10*hb},
+					Fault{Kind: FaultPartition, Site: rl.Primary, Dir: DirUp, At: t + 2*hb, For: between(r, fo+hb/5, fo+hb*8/5)})
+			}
+			return out
+		},
+		Required: []counterID{cPromotionRejected},
+	},
+	{
+		Name: "late-ack", Summary: "the primary's writes land but always late (1.5 heartbeats): it fences, its own late writes are adopted, the fenced holder is replaced",
+		Duration: 3 * time.Minute,
+		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+			return []Fault{{Kind: FaultLatency, Site: rl.Primary, Dir: DirUp, Value: rl.HeartbeatTimeout * 3 / 2,
+				At: between(r, 30*time.Second, 40*time.Second), For: 90 * time.Second}}
+		},
+		Required: []counterID{cLateAck, cOwnLateWrite, cFencedTakeover},
+	},
+	{
+		Name: "clock-jump", Summary: "monotonic clock jumps on both sites and server clock bumps: at most a false failure, never a takeover",
+		Duration: 5 * time.Minute,
+		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+			hb, fo := rl.HeartbeatTimeout, rl.FailoverTimeout
+			// A jump costs a failure only if a write is in flight: a slow
+			// uplink keeps one in flight most of the time.
+			return []Fault{
+				{Kind: FaultLatency, Site: rl.Primary, Dir: DirUp, Value: hb * 6 / 10, At: 20 * time.Second, For: 30 * time.Second},
+				{Kind: FaultJump, Site: rl.Primary, Value: between(r, hb*6/5, hb*9/5), At: between(r, 25*time.Second, 28*time.Second)},
+				{Kind: FaultJump, Site: rl.Primary, Value: between(r, hb*6/5, hb*9/5), At: between(r, 33*time.Second, 36*time.Second)},
+				{Kind: FaultJump, Site: rl.Primary, Value: between(r, hb*6/5, hb*9/5), At: between(r, 41*time.Second, 44*time.Second)},
+				{Kind: FaultJump, Site: rl.Primary, Value: between(r, hb*6/5, hb*9/5), At: between(r, 46*time.Second, 48*time.Second)},
+				{Kind: FaultJump, Site: rl.Replica, Value: between(r, 3*fo, 6*fo), At: between(r, 60*time.Second, 70*time.Second)},
+				{Kind: FaultServerClock, Value: between(r, time.Second, 3*time.Second), At: between(r, 120*time.Second, 130*time.Second)},
+				{Kind: FaultServerClock, Value: -between(r, time.Second, 3*time.Second), At: between(r, 180*time.Second, 190*time.Second)},
+				{Kind: FaultJump, Site: rl.Primary, Value: between(r, hb/2, 3*hb), At: between(r, 240*time.Second, 250*time.Second)},
+			}
+		},
+		Required:  []counterID{cJumpFalseFailure, cJumpNoPromotion, cServerClockBump},
+		Forbidden: []counterID{cFailover},
+	},
+	{
+		Name: "failed-fence", Summary: "fence steps hang and fail (escalation to the next step); a restart's whole fence chain fails and is retried",
+		Duration: 5 * time.Minute,
+		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+			fo := rl.FailoverTimeout
+			p := rl.Primary
+			return []Fault{
+				{Kind: FaultProc, Site: p, Chain: procedure.ChainFence, Mode: ProcHang, At: 20 * time.Second, For: time.Minute},
+				{Kind: FaultPartition, Site: p, Dir: DirBoth, At: between(r, 30*time.Second, 35*time.Second), For: between(r, 2*fo, 3*fo)},
+				{Kind: FaultSwitchover, Site: p, At: 90 * time.Second},
+				{Kind: FaultProc, Site: p, Chain: procedure.ChainFence, Mode: ProcFail, At: 100 * time.Second, For: time.Minute},
+				{Kind: FaultPartition, Site: p, Dir: DirBoth, At: between(r, 110*time.Second, 115*time.Second), For: between(r, 2*fo, 3*fo)},
+				{Kind: FaultCrash, Site: p, At: 190 * time.Second, For: 2 * time.Second},
+				{Kind: FaultProc, Site: p, Chain: procedure.ChainFence, Mode: ProcFailAll, At: 191 * time.Second, For: 2500 * time.Millisecond},
+			}
+		},
+		Required: []counterID{cFenceEscalated, cStepHung, cFenceRetried, cFenceSlow},
+	},
+	{
+		Name: "return-to-normal", Summary: "the primary loses power, the replica takes over, the primary returns and gets leadership back (failback: auto)",
+		Duration: 4 * time.Minute,
+		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+			return []Fault{{Kind: FaultPowerCut, Site: rl.Primary, At: between(r, 30*time.Second, 40*time.Second), For: between(r, 60*time.Second, 90*time.Second)}}
+		},
+		Required: []counterID{cFailover, cRestartFenced},
+		AutoOnly: []counterID{cFailback},
+	},
+	{
+		Name: "switchover", Summary: "an operator moves leadership back and forth; planned moves need no takeover",
+		Duration: 4 * time.Minute,
+		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+			var out []Fault
+			to := []string{rl.Replica, rl.Primary}
+			for i, t := 0, between(r, 30*time.Second, 40*time.Second); t < d-20*time.Second; i, t = i+1, t+between(r, 50*time.Second, 60*time.Second) {
+				out = append(out, Fault{Kind: FaultSwitchover, Site: to[i%2], At: t})
+			}
+			return out
+		},
+		Required:  []counterID{cSwitchover},
+		Forbidden: []counterID{cFailover},
+	},
+	{
+		Name: "pause", Summary: "member processes are paused (SIGSTOP): short pauses are ridden out, long ones end in a watchdog kill and a fenced restart",
+		Duration: 4 * time.Minute,
+		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+			fo := rl.FailoverTimeout
+			wd := max(rl.FenceGrace/5, time.Millisecond)
+			return []Fault{
+				{Kind: FaultPause, Site: rl.Primary, At: between(r, 30*time.Second, 35*time.Second), For: between(r, wd/4, wd*3/4)},
+				{Kind: FaultPause, Site: rl.Primary, At: between(r, 60*time.Second, 65*time.Second), For: between(r, 2*fo, 3*fo)},
+				{Kind: FaultPause, Site: rl.Replica, At: between(r, 150*time.Second, 155*time.Second), For: between(r, 2*fo, 3*fo)},
+			}
+		},
+		Required: []counterID{cWatchdogKill, cRestartFenced},
+	},
+	{
+		Name: "nats-outage", Summary: "the NATS server crashes, then loses power (try --fsync interval to see acknowledged writes lost)",
+		Duration: 5 * time.Minute,
+		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+			return []Fault{
+				{Kind: FaultCrash, Site: NATS, At: between(r, 30*time.Second, 40*time.Second), For: between(r, 2*time.Second, 10*time.Second)},
+				{Kind: FaultPowerCut, Site: NATS, At: between(r, 150*time.Second, 160*time.Second), For: between(r, 5*time.Second, 20*time.Second)},
+			}
+		},
+		Required: []counterID{cNatsOutage},
+	},
+	{
+		Name: "random", Summary: "a random schedule drawing on every fault kind (what --swarm runs)",
+		Duration: time.Hour,
+		Schedule: RandomSchedule,
+	},
+}
+
+// Scenarios returns the catalogue.
+func Scenarios() []*Scenario { return scenarios }
+
+// ScenarioByName returns the scenario named name, or nil.
+func ScenarioByName(name string) *Scenario {
+	for _, sc := range scenarios {
+		if sc.Name == name {
+			return sc
+		}
+	}
+	return nil
+}
+
+// RandomSchedule draws faults of every kind, about one every 30s, with
+// durations scaled by the rules. Server clock bumps are left out: a bump
+// together with a follower's clock jump defeats both staleness checks at
+// once, a double clock fault the algorithm does not claim to survive (the
+// clock-jump scenario bumps the server clock alone). Pauses on one site are
+// kept apart, so one stall of a process is never stretched by another.
+func RandomSchedule(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+	hb, fo := rl.HeartbeatTimeout, rl.FailoverTimeout
+	sites := []string{rl.Primary, rl.Replica}
+	var out []Fault
+	var pauseFree [2]time.Duration
+	type pick struct {
+		w  int
+		fn func(t time.Duration, site string) (Fault, bool)
+	}
+	dir := func() Dir { return []Dir{DirUp, DirDown, DirBoth, DirBoth}[r.IntN(4)] }
+	restart := func(lo, hi time.Duration) time.Duration {
+		if r.IntN(10) == 0 {
+			return 0 // never
+		}
+		return between(r, lo, hi)
+	}
+	picks := []pick{
+		{20, func(t time.Duration, site string) (Fault, bool) {
+			return Fault{Kind: FaultPartition, Site: site, Dir: dir(), At: t, For: between(r, hb/2, 4*fo)}, true
+		}},
+		{10, func(t time.Duration, site string) (Fault, bool) {
+			return Fault{Kind: FaultStall, Site: site, Dir: dir(), At: t, For: between(r, hb/2, 3*fo)}, true
+		}},
+		{8, func(t time.Duration, site string) (Fault, bool) {
+			return Fault{Kind: FaultLoss, Site: site, Dir: DirBoth, Loss: []int{10, 50, 200, 500}[r.IntN(4)], At: t, For: between(r, 5*time.Second, 90*time.Second)}, true
+		}},
+		{12, func(t time.Duration, site string) (Fault, bool) {
+			return Fault{Kind: FaultLatency, Site: site, Dir: dir(), Value: between(r, hb/10, 3*hb), At: t, For: between(r, 5*time.Second, 60*time.Second)}, true
+		}},
+		{8, func(t time.Duration, site string) (Fault, bool) {
+			return Fault{Kind: FaultCrash, Site: site, At: t, For: restart(time.Second, 3*fo)}, true
+		}},
+		{6, func(t time.Duration, site string) (Fault, bool) {
+			return Fault{Kind: FaultPowerCut, Site: site, At: t, For: restart(5*time.Second, 5*fo)}, true
+		}},
+		{6, func(t time.Duration, site string) (Fault, bool) {
+			i := 0
+			if site != sites[0] {
+				i = 1
+			}
+			if t < pauseFree[i] {
+				return Fault{}, false
+			}
+			f := Fault{Kind: FaultPause, Site: site, At: t, For: between(r, 10*time.Millisecond, 3*fo)}
+			pauseFree[i] = t + f.For + 2*fo
+			return f, true
+		}},
+		{6, func(t time.Duration, site string) (Fault, bool) {
+			return Fault{Kind: FaultJump, Site: site, Value: between(r, 100*time.Millisecond, 3*fo), At: t}, true
+		}},
+		{12, func(t time.Duration, site string) (Fault, bool) {
+			chain := []procedure.ChainKind{procedure.ChainFence, procedure.ChainFence, procedure.ChainPromote, procedure.ChainDemote}[r.IntN(4)]
+			modes := []ProcMode{ProcFail, ProcHang, ProcSlow}
+			if chain != procedure.ChainFence {
+				modes = append(modes, ProcFailAll)
+			}
+			return Fault{Kind: FaultProc, Site: site, Chain: chain, Mode: modes[r.IntN(len(modes))], At: t, For: between(r, 10*time.Second, 90*time.Second)}, true
+		}},
+		{4, func(t time.Duration, site string) (Fault, bool) {
+			return Fault{Kind: FaultSwitchover, Site: site, At: t}, true
+		}},
+		{3, func(t time.Duration, _ string) (Fault, bool) {
+			return Fault{Kind: FaultCrash, Site: NATS, At: t, For: between(r, time.Second, 20*time.Second)}, true
+		}},
+		{3, func(t time.Duration, _ string) (Fault, bool) {
+			return Fault{Kind: FaultPowerCut, Site: NATS, At: t, For: between(r, time.Second, 20*time.Second)}, true
+		}},
+	}
+	total := 0
+	for _, p := range picks {
+		total += p.w
+	}
+	for t := between(r, 5*time.Second, 30*time.Second); t < d-5*time.Second; t += between(r, time.Second, 60*time.Second) {
+		site := sites[0]
+		if r.IntN(5) >= 3 {
+			site = sites[1]
+		}
+		w := r.IntN(total)
+		for _, p := range picks {
+			if w < p.w {
+				if f, ok := p.fn(t, site); ok {
+					out = append(out, f)
+				}
+				break
+			}
+			w -= p.w
+		}
+	}
+	return out
+}

@@ -1,0 +1,304 @@
+package simulations
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"understudy/actors/failover"
+	"understudy/actors/procedure"
+	"understudy/events"
+)
+
+// Names of the simulated JetStream assets, as the runtime provisions them.
+const (
+	DefaultBucket = "understudy_failover"
+	DefaultStream = "UNDERSTUDY_EVENTS"
+)
+
+// FsyncMode is when the simulated server makes acknowledged writes durable.
+type FsyncMode int
+
+const (
+	// FsyncAlways syncs every write before acknowledging it (what understudy
+	// provisions for everything that decides leadership).
+	FsyncAlways FsyncMode = iota + 1
+	// FsyncInterval syncs every FsyncInterval (nats-server's default file
+	// store behaviour): a power cut loses what was acknowledged since.
+	FsyncInterval
+)
+
+func (m FsyncMode) String() string {
+	switch m {
+	case FsyncAlways:
+		return "always"
+	case FsyncInterval:
+		return "interval"
+	}
+	return "unset"
+}
+
+// ParseFsync reads "always" or "interval".
+func ParseFsync(s string) (FsyncMode, error) {
+	switch s {
+	case "always":
+		return FsyncAlways, nil
+	case "interval":
+		return FsyncInterval, nil
+	}
+	return 0, fmt.Errorf("fsync must be always or interval, got %q", s)
+}
+
+// DefaultFsyncInterval is nats-server's default sync interval.
+const DefaultFsyncInterval = 2 * time.Minute
+
+// ServerOptions configure a simulated JetStream server.
+type ServerOptions struct {
+	Bucket string // KV bucket; default DefaultBucket
+	Stream string // event stream; default DefaultStream
+	// Codec encodes events; nil: a registry with the failover and procedure events.
+	Codec         *events.Registry
+	Fsync         FsyncMode     // default FsyncAlways
+	FsyncInterval time.Duration // default DefaultFsyncInterval
+	Start         time.Time     // the server clock at virtual time 0; default Epoch
+}
+
+// Server is the simulated JetStream server: one KV bucket (history 64) and
+// one event stream, built on events.MemoryKV and events.MemoryLog with
+// timestamps from the server's own (virtual) clock, so they have the
+// semantics the conformance suite pins down. On top it models availability
+// (the server can be down), durability (fsync always or interval: a power
+// cut loses what was acknowledged but not yet synced) and clock bumps.
+//
+// Outside a simulation (tests, the conformance suite) it is an ordinary
+// in-memory store whose clock moves with Advance; KV and Log are then safe
+// for concurrent use.
+type Server struct {
+	opts  ServerOptions
+	clock serverClock
+	kv    *events.MemoryKV
+	log   *events.MemoryLog
+
+	down      bool
+	offset    time.Duration // server clock minus virtual time (clock bumps)
+	vnow      time.Duration // virtual time of the last operation
+	logSeq    uint64        // last stream sequence
+	syncedRev uint64        // with FsyncInterval: what a power cut keeps
+	syncedSeq uint64
+	nextSync  time.Duration
+	journal   []events.Entry // every KV write in revision order, when kept
+	keep      bool
+}
+
+// NewServer returns a running server with empty stores.
+func NewServer(o ServerOptions) *Server {
+	if o.Bucket == "" {
+		o.Bucket = DefaultBucket
+	}
+	if o.Stream == "" {
+		o.Stream = DefaultStream
+	}
+	if o.Codec == nil {
+		o.Codec = NewCodec()
+	}
+	if o.Fsync == 0 {
+		o.Fsync = FsyncAlways
+	}
+	if o.FsyncInterval <= 0 {
+		o.FsyncInterval = DefaultFsyncInterval
+	}
+	if o.Start.IsZero() {
+		o.Start = Epoch
+	}
+	s := &Server{opts: o, keep: o.Fsync == FsyncInterval}
+	s.clock.set(o.Start)
+	s.offset = 0
+	s.kv = events.NewMemoryKV(o.Bucket, &s.clock, events.MemoryHistory(events.HistoryLimit))
+	s.log = events.NewMemoryLog(o.Stream, &s.clock, o.Codec)
+	s.nextSync = o.FsyncInterval
+	return s
+}
+
+// NewCodec returns a registry with every event type the simulator hosts.
+func NewCodec() *events.Registry {
+	reg := events.NewRegistry()
+	if err := failover.RegisterEvents(reg); err != nil {
+		panic(err)
+	}
+	if err := procedure.RegisterEvents(reg); err != nil {
+		panic(err)
+	}
+	return reg
+}
+
+// KV is the server's bucket.
+func (s *Server) KV() events.KV { return s.kv }
+
+// Log is the server's event stream.
+func (s *Server) Log() events.Log { return s.log }
+
+// Now is the server clock's reading.
+func (s *Server) Now() time.Time { return s.clock.Now() }
+
+// Advance moves virtual time, and with it the server clock, forward by d.
+// It is for use outside a simulation (the conformance suite).
+func (s *Server) Advance(d time.Duration) { s.at(s.vnow + d) }
+
+// at sets virtual time t before an operation, and syncs first when an
+// fsync interval has passed.
+func (s *Server) at(t time.Duration) {
+	s.vnow = t
+	s.clock.set(s.opts.Start.Add(t + s.offset))
+	if s.opts.Fsync == FsyncInterval && t >= s.nextSync {
+		s.syncedRev, s.syncedSeq = s.kv.Revision(), s.logSeq
+		s.nextSync = (t/s.opts.FsyncInterval + 1) * s.opts.FsyncInterval
+	}
+}
+
+// keepJournal makes the server remember every KV write (for an export).
+func (s *Server) keepJournal() { s.keep = true }
+
+var bg = context.Background()
+
+// writeResult is what the server answers to a member's write.
+type writeResult struct {
+	ok       bool
+	conflict bool
+	rev      uint64
+	ts       time.Time
+	current  events.Entry // the key's latest entry after a conflict (Revision 0: none)
+}
+
+// write performs a member's KV write at virtual time t.
+func (s *Server) write(t time.Duration, w *failover.Write) writeResult {
+	s.at(t)
+	var rev uint64
+	var err error
+	switch {
+	case w.Put:
+		rev, err = s.kv.Put(bg, w.Key, w.Value)
+	case w.ExpectRev == 0:
+		rev, err = s.kv.Create(bg, w.Key, w.Value)
+	default:
+		rev, err = s.kv.Update(bg, w.Key, w.Value, w.ExpectRev)
+	}
+	if err != nil {
+		if !errors.Is(err, events.ErrConflict) {
+			panic(fmt.Sprintf("simulated server: write %s: %v", w.Key, err))
+		}
+		r := writeResult{conflict: true}
+		if e, gerr := s.kv.Get(bg, w.Key); gerr == nil {
+			r.current = e
+		}
+		return r
+	}
+	ts := s.clock.Now()
+	if s.keep {
+		s.journal = append(s.journal, events.Entry{Bucket: s.opts.Bucket, Key: w.Key, Value: w.Value, Revision: rev, Time: ts, Op: events.OpPut})
+	}
+	return writeResult{ok: true, rev: rev, ts: ts}
+}
+
+// put is an operator's unconditional write (a switchover request).
+func (s *Server) put(t time.Duration, key string, value []byte) (uint64, time.Time) {
+	w := failover.Write{Key: key, Value: value, Put: true}
+	r := s.write(t, &w)
+	return r.rev, r.ts
+}
+
+// appendResult answers an event append.
+type appendResult struct {
+	seq       uint64
+	duplicate bool
+	conflict  bool
+}
+
+// appendEvent stores one encoded event with the runtime appender's options:
+// expected last subject sequence (looked up first when unknown) and a
+// message id per position.
+func (s *Server) appendEvent(t time.Duration, subject string, data []byte, last uint64, known bool) (appendResult, uint64) {
+	s.at(t)
+	if !known {
+		last, _ = s.log.LastSequence(bg, subject)
+	}
+	opts := events.Expect(last)
+	opts.MsgID = subject + "@" + strconv.FormatUint(last+1, 10)
+	ack, err := s.log.AppendRaw(bg, subject, data, opts)
+	if err != nil {
+		if errors.Is(err, events.ErrConflict) {
+			return appendResult{conflict: true}, last
+		}
+		panic(fmt.Sprintf("simulated server: append %s: %v", subject, err))
+	}
+	s.logSeq = max(s.logSeq, ack.Sequence)
+	return appendResult{seq: ack.Sequence, duplicate: ack.Duplicate}, last
+}
+
+// records returns a subject's records in order (a restart's replay).
+func (s *Server) records(subject string) []events.Record {
+	var out []events.Record
+	for rec, err := range s.log.Read(bg, events.ReadOptions{Subject: subject}) {
+		if err != nil {
+			break
+		}
+		out = append(out, rec)
+	}
+	return out
+}
+
+// stop takes the server down. With powerLoss and FsyncInterval, whatever
+// was acknowledged since the last sync is lost; it returns how many KV
+// writes and events were.
+func (s *Server) stop(t time.Duration, powerLoss bool) (lostKV, lostEvents int) {
+	s.at(t)
+	s.down = true
+	if !powerLoss || s.opts.Fsync != FsyncInterval {
+		return 0, 0
+	}
+	lostKV = int(s.kv.Revision() - s.syncedRev)
+	lostEvents = int(s.logSeq - s.syncedSeq)
+	if lostKV == 0 && lostEvents == 0 {
+		return 0, 0
+	}
+	s.rollback()
+	return lostKV, lostEvents
+}
+
+// rollback rebuilds both stores from what was synced: the KV from the
+// journal (revisions are assigned in the same order, so they come out the
+// same), the log from its own records.
+func (s *Server) rollback() {
+	now := s.clock.Now()
+	kv := events.NewMemoryKV(s.opts.Bucket, &s.clock, events.MemoryHistory(events.HistoryLimit))
+	for _, e := range s.journal[:s.syncedRev] {
+		s.clock.set(e.Time)
+		if _, err := kv.Put(bg, e.Key, e.Value); err != nil {
+			panic(fmt.Sprintf("simulated server: rebuild %s: %v", e.Key, err))
+		}
+	}
+	s.journal = s.journal[:s.syncedRev]
+	log := events.NewMemoryLog(s.opts.Stream, &s.clock, s.opts.Codec)
+	for rec, err := range s.log.Read(bg, events.ReadOptions{}) {
+		if err != nil || rec.Sequence > s.syncedSeq {
+			break
+		}
+		s.clock.set(rec.Time)
+		opts := events.AppendOptions{MsgID: rec.Headers["Nats-Msg-Id"]}
+		if v, ok := rec.Headers["Nats-Expected-Last-Subject-Sequence"]; ok {
+			opts.Headers = map[string]string{"Nats-Expected-Last-Subject-Sequence": v}
+		}
+		if _, err := log.AppendRaw(bg, rec.Subject, rec.Data, opts); err != nil {
+			panic(fmt.Sprintf("simulated server: rebuild %s: %v", rec.Subject, err))
+		}
+	}
+	s.clock.set(now)
+	s.kv, s.log, s.logSeq = kv, log, s.syncedSeq
+}
+
+// start brings the server back.
+func (s *Server) start(t time.Duration) {
+	s.at(t)
+	s.down = false
+}

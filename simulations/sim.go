@@ -1,0 +1,670 @@
+package simulations
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"understudy/actors/failover"
+	"understudy/actors/procedure"
+	"understudy/events"
+)
+
+// Config is one simulation run.
+type Config struct {
+	// Scenario names the environment and the fault schedule (see Scenarios).
+	Scenario string
+	// Seed drives every random choice: latencies, procedure timings, the
+	// generated schedule. Same Config, same bytes.
+	Seed uint64
+	// Duration is the simulated time to run; 0: the scenario's default.
+	Duration time.Duration
+	// Rules are the pair's rules; the zero value means DefaultRules for
+	// pair pg-main with sites site-a (preferred primary) and site-b.
+	Rules failover.Rules
+	// AllowUnsafe accepts rules that break the safety inequality.
+	AllowUnsafe bool
+	// Faults, when FaultsSet, replaces the scenario's generated schedule.
+	Faults    []Fault
+	FaultsSet bool
+	// Fsync is the simulated server's durability; 0: the scenario's
+	// (always, except where a scenario says otherwise).
+	Fsync FsyncMode
+	// Export, when set, receives the run's history as an export file (see
+	// events.ExportWriter): every KV write of the failover bucket the
+	// server kept, then every event of the stream, with server timestamps.
+	Export io.Writer
+	// Source names the run in the export header (default: its command).
+	Source string
+	// Trace, when set, receives a human-readable timeline.
+	Trace io.Writer
+	// StopAtFirstViolation ends the run at the first violation (swarm
+	// shrinking does not need the rest).
+	StopAtFirstViolation bool
+	// Logger receives the run's own log lines (nil: discarded).
+	Logger *slog.Logger
+}
+
+// DefaultPair is the pair the simulator runs when Config.Rules is zero.
+func DefaultPair() failover.Rules { return failover.DefaultRules("pg-main", "site-a", "site-b") }
+
+// Violation is an invariant that failed, at a simulated time.
+type Violation struct {
+	Invariant string  `json:"invariant"`
+	At        float64 `json:"at"` // simulated seconds since the start
+	Detail    string  `json:"detail"`
+}
+
+// Counter is one "sometimes" counter: how often something happened.
+type Counter struct {
+	Name     string `json:"name"`
+	Count    int    `json:"count"`
+	Required bool   `json:"required,omitempty"`
+}
+
+// Result is what a run measured.
+type Result struct {
+	Scenario          string      `json:"scenario"`
+	Seed              uint64      `json:"seed"`
+	SimulatedSeconds  float64     `json:"simulated_seconds"`
+	WallSeconds       float64     `json:"wall_seconds"`
+	Speedup           float64     `json:"speedup"`
+	Steps             uint64      `json:"steps"`
+	Digest            string      `json:"digest"`
+	Violations        []Violation `json:"violations"`
+	Failovers         int         `json:"failovers"`
+	LeadershipChanges int         `json:"leadership_changes"`
+	MaxUnavailableMS  float64     `json:"max_unavailable_ms"`
+	Fsync             string      `json:"fsync"`
+	Faults            string      `json:"faults"`
+	Sometimes         []Counter   `json:"sometimes"`
+	// Unexercised lists required counters that stayed 0: the run did not
+	// exercise what its scenario claims to.
+	Unexercised []string `json:"unexercised"`
+}
+
+// Duration is the simulated time the run covered.
+func (r *Result) Duration() time.Duration {
+	return time.Duration(r.SimulatedSeconds * float64(time.Second))
+}
+
+// Failed reports whether the run found a violation.
+func (r *Result) Failed() bool { return len(r.Violations) > 0 }
+
+// Tuning of the model that is not configuration.
+const (
+	appendTimeout  = 5 * time.Second // the runtime appender's per-attempt timeout
+	restartDelay   = time.Second     // systemd RestartSec after a watchdog kill
+	maxCalmChanges = 3               // leadership changes allowed once every fault has cleared
+	minLatency     = 500 * time.Microsecond
+)
+
+// msgKind is what a message on a link carries.
+type msgKind uint8
+
+const (
+	mWrite msgKind = iota + 1
+	mWriteResult
+	mEntry
+	mSynced
+	mAppend
+	mAppendAck
+	mStep
+	mProcResult
+)
+
+// msg is a message on a link (or a result inside a node). Messages live in
+// a slab and are reused, so the loop does not allocate per message.
+type msg struct {
+	kind     msgKind
+	inc      uint32 // incarnation of the node process that sent it or must receive it
+	stream   int8   // appender: 0 member events, 1 procedure events
+	effect   bool   // mStep: the physical effect was applied
+	rev      uint64 // mEntry: revision
+	write    failover.Write
+	res      failover.WriteResult
+	in       failover.Input // mEntry: the observation to feed
+	data     []byte         // mAppend
+	last     uint64         // mAppend: expected last subject sequence
+	known    bool           // mAppend: last was read from the log
+	attempt  uint64         // mAppend, mAppendAck
+	seq      uint64         // mAppendAck
+	conflict bool           // mAppendAck
+	run      uint64         // mStep
+	chain    procedure.ChainKind
+	final    bool // mStep: the last step of its chain
+	outcome  procedure.Outcome
+	done     procedure.ChainResult // mProcResult
+}
+
+// sim is one run. Everything happens on the goroutine that calls Run.
+type sim struct {
+	cfg       Config
+	sc        *Scenario
+	rules     failover.Rules
+	opts      failover.Options
+	end       time.Duration
+	now       time.Duration
+	seq       uint64
+	steps     uint64
+	q         queue
+	server    *Server
+	codec     *events.Registry
+	nodes     [2]*node
+	msgs      []msg
+	free      []int32
+	faults    []Fault
+	aux       []faultAux
+	natsHolds int
+	tr        tracer
+	tw        io.Writer
+	log       *slog.Logger
+	counters  [numCounters]int
+	viol      []Violation
+	stopNow   bool
+	attempts  uint64
+	sw        int // switchover ids
+
+	// The register as the server holds it (decoded once per write).
+	reg      failover.Leader
+	regRev   uint64
+	regTime  time.Time
+	regKnown bool
+
+	inv  invariants
+	spec procedure.Spec
+	// Derived bounds (see invariants.go).
+	maxLat     time.Duration
+	fenceMax   time.Duration
+	promoteMax time.Duration
+	bound      time.Duration
+	settle     time.Duration
+	calmLimit  int
+	foCheck    time.Duration // failover_timeout as the checkers read it
+}
+
+// Run runs one simulation.
+func Run(cfg Config) (*Result, error) {
+	s, err := newSim(cfg)
+	if err != nil {
+		return nil, err
+	}
+	wall := time.Now()
+	s.run()
+	r := s.result(time.Since(wall))
+	if cfg.Export != nil {
+		if err := s.export(cfg.Export, r); err != nil {
+			return r, err
+		}
+	}
+	return r, nil
+}
+
+func newSim(cfg Config) (*sim, error) {
+	sc := ScenarioByName(cfg.Scenario)
+	if sc == nil {
+		return nil, fmt.Errorf("unknown scenario %q (see --list)", cfg.Scenario)
+	}
+	rules := cfg.Rules
+	if rules == (failover.Rules{}) {
+		rules = DefaultPair()
+	}
+	var err error
+	if cfg.AllowUnsafe {
+		err = rules.ValidateShape()
+	} else {
+		err = rules.Validate()
+	}
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Duration <= 0 {
+		cfg.Duration = sc.Duration
+	}
+	if cfg.Fsync == 0 {
+		cfg.Fsync = sc.Fsync
+	}
+	if cfg.Fsync == 0 {
+		cfg.Fsync = FsyncAlways
+	}
+	s := &sim{
+		cfg: cfg, sc: sc, rules: rules, opts: failover.Options{AllowUnsafe: cfg.AllowUnsafe},
+		end: cfg.Duration, codec: NewCodec(), tw: cfg.Trace, log: cfg.Logger,
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	s.server = NewServer(ServerOptions{Codec: s.codec, Fsync: cfg.Fsync})
+	if cfg.Export != nil {
+		s.server.keepJournal()
+	}
+	s.tr.init()
+	s.spec = procedureSpec(rules)
+	s.maxLat = min(60*time.Millisecond, max(rules.HeartbeatTimeout/4, 2*minLatency))
+	s.fenceMax = chainMax(s.spec.Fence)
+	s.promoteMax = chainMax(s.spec.Promote)
+	s.bound = rules.FailoverTimeout + 2*rules.HeartbeatTimeout + s.fenceMax + s.promoteMax + 6*s.maxLat
+	s.calmLimit, s.foCheck = maxCalmChanges, rules.FailoverTimeout
+	s.settle = s.bound + time.Duration(rules.SuccessThreshold+2)*rules.HeartbeatTimeout + s.fenceMax + chainMax(s.spec.Demote)
+	for i, site := range []string{rules.Primary, rules.Replica} {
+		s.nodes[i] = s.newNode(i, site)
+	}
+	if cfg.FaultsSet {
+		s.faults = append([]Fault(nil), cfg.Faults...)
+	} else {
+		gen := rand.New(rand.NewPCG(cfg.Seed, streamSchedule))
+		s.faults = sc.Schedule(gen, rules, cfg.Duration)
+	}
+	for i, f := range s.faults {
+		switch {
+		case f.Kind == FaultServerClock:
+		case f.Site == NATS && f.Kind != FaultCrash && f.Kind != FaultPowerCut:
+			return nil, fmt.Errorf("fault %s: only crash and powercut apply to nats", f)
+		case f.Site != NATS && !rules.Has(f.Site):
+			return nil, fmt.Errorf("fault %s: site %q is not a member of pair %s", f, f.Site, rules.Pair)
+		case f.Kind == FaultProc && (f.Chain < procedure.ChainFence || f.Chain > procedure.ChainDemote || f.Mode < ProcFail || f.Mode > ProcFailAll):
+			return nil, fmt.Errorf("fault %s: want a fence, promote or demote chain and a mode", f)
+		case f.Kind < FaultPartition || f.Kind > FaultSwitchover || f.At < 0 || f.For < 0:
+			return nil, fmt.Errorf("fault %s: invalid", f)
+		case f.Kind == FaultPause && f.For <= 0:
+			return nil, fmt.Errorf("fault %s: a pause needs a duration", f)
+		}
+		s.push(item{at: f.At, kind: evFaultStart, ref: int32(i)})
+	}
+	s.aux = make([]faultAux, len(s.faults))
+	s.inv.init(s)
+	for _, n := range s.nodes {
+		s.push(item{at: time.Duration(n.rng.Int64N(int64(50 * time.Millisecond))), kind: evRestart, node: int8(n.idx)})
+	}
+	return s, nil
+}
+
+// PRNG stream constants: one seed, independent streams, so that removing
+// a fault from a schedule changes as few other random choices as possible.
+const (
+	streamSchedule = 0x7573_696d_0002
+	streamNode     = 0x7573_696d_0100
+)
+
+func (s *sim) push(it item) {
+	s.seq++
+	it.seq = s.seq
+	s.q.push(it)
+}
+
+func (s *sim) alloc(m msg) int32 {
+	if n := len(s.free); n > 0 {
+		ref := s.free[n-1]
+		s.free = s.free[:n-1]
+		s.msgs[ref] = m
+		return ref
+	}
+	s.msgs = append(s.msgs, m)
+	return int32(len(s.msgs) - 1)
+}
+
+func (s *sim) release(ref int32) {
+	s.msgs[ref] = msg{}
+	s.free = append(s.free, ref)
+}
+
+func (s *sim) run() {
+	for s.q.len() > 0 {
+		it := s.q.pop()
+		if it.at > s.end {
+			break
+		}
+		s.now = it.at
+		s.steps++
+		s.tr.item(it)
+		s.dispatch(it)
+		s.inv.step(s)
+		if s.stopNow {
+			return
+		}
+	}
+	s.now = s.end
+	s.inv.finish(s)
+}
+
+func (s *sim) dispatch(it item) {
+	switch it.kind {
+	case evTick:
+		n := s.nodes[it.node]
+		if it.gen != n.tickGen || !n.alive {
+			return
+		}
+		n.tickSet = false
+		if n.paused {
+			n.deferred = append(n.deferred, it)
+			return
+		}
+		s.step(n, failover.Tick{})
+	case evUp:
+		s.atServer(s.nodes[it.node], it.ref)
+	case evDown:
+		s.atNode(s.nodes[it.node], it)
+	case evStepDone:
+		s.stepDone(s.nodes[it.node], it)
+	case evProcDone:
+		n := s.nodes[it.node]
+		m := &s.msgs[it.ref]
+		if !n.alive || m.inc != n.inc {
+			s.release(it.ref)
+			return
+		}
+		if n.paused {
+			n.deferred = append(n.deferred, it)
+			return
+		}
+		d := m.done
+		s.release(it.ref)
+		s.step(n, failover.ProcedureResult{Kind: failover.ProcKind(d.Kind), Seq: d.Seq, OK: d.OK, Detail: d.Detail})
+	case evAppendTimeout:
+		n := s.nodes[it.node]
+		if n.paused {
+			n.deferred = append(n.deferred, it)
+			return
+		}
+		a := &n.apps[it.ref]
+		if n.alive && a.inflight && a.attempt == it.gen {
+			a.inflight = false
+			s.count(cAppendRetried)
+			s.pump(n, int(it.ref))
+		}
+	case evFaultStart:
+		s.faultStart(int(it.ref))
+	case evFaultEnd:
+		s.faultEnd(int(it.ref))
+	case evRestart:
+		n := s.nodes[it.node]
+		if !n.alive && n.holds == 0 {
+			s.start(n)
+		}
+	case evWatchdog:
+		n := s.nodes[it.node]
+		if n.alive && n.paused && n.pauseID == it.gen {
+			s.count(cWatchdogKill)
+			s.tracef(n.site, "watchdog: member silent for %v while paused; the unit is killed", s.watchdog())
+			s.crash(n, false)
+			s.push(item{at: s.now + restartDelay, kind: evRestart, node: it.node})
+		}
+	case evServerUp:
+		s.serverUp()
+	}
+}
+
+// step feeds one input to a node's member and carries out what it asks.
+func (s *sim) step(n *node, in failover.Input) {
+	r := n.m.Step(n.clk.local(s.now), in)
+	s.handle(n, r)
+	s.armTick(n)
+}
+
+func (s *sim) armTick(n *node) {
+	if !n.alive || n.m == nil {
+		return
+	}
+	v := n.clk.virtual(n.m.NextWake())
+	if v <= s.now {
+		v = s.now + 1
+	}
+	if n.tickSet && n.tickAt <= v {
+		return
+	}
+	n.tickGen++
+	n.tickAt, n.tickSet = v, true
+	s.push(item{at: v, kind: evTick, node: int8(n.idx), gen: n.tickGen})
+}
+
+// handle carries out a member's Ready: events to its appender, writes onto
+// its link, procedures to its resource.
+func (s *sim) handle(n *node, r failover.Ready) {
+	for _, ev := range r.Events {
+		s.onMemberEvent(n, ev)
+		s.appendEvent(n, 0, ev)
+	}
+	for i := range r.Writes {
+		s.sendWrite(n, &r.Writes[i])
+	}
+	for _, p := range r.Procedures {
+		s.handleOut(n, n.runner.Run(n.clk.local(s.now), procedure.ChainKind(p.Kind), p.Seq))
+	}
+}
+
+func (s *sim) appendEvent(n *node, stream int, ev events.Event) {
+	data, err := s.codec.Encode(ev)
+	if err != nil {
+		panic(fmt.Sprintf("simulator: encode %s: %v", ev.EventType(), err))
+	}
+	s.tr.bytes(data)
+	if s.tw != nil {
+		s.tracef(n.site, "%s", describe(ev))
+	}
+	a := &n.apps[stream]
+	a.queue = append(a.queue, data)
+	s.pump(n, stream)
+}
+
+// pump sends the head of an appender's queue, one append in flight at a
+// time, as the runtime's appender does.
+func (s *sim) pump(n *node, stream int) {
+	a := &n.apps[stream]
+	if a.inflight || len(a.queue) == 0 || !n.alive || a.stopped {
+		return
+	}
+	s.attempts++
+	a.inflight, a.attempt = true, s.attempts
+	ref := s.alloc(msg{kind: mAppend, inc: n.inc, stream: int8(stream), data: a.queue[0], last: a.last, known: a.known, attempt: a.attempt})
+	s.send(n, true, ref)
+	s.push(item{at: s.now + appendTimeout, kind: evAppendTimeout, node: int8(n.idx), ref: int32(stream), gen: a.attempt})
+}
+
+func (s *sim) sendWrite(n *node, w *failover.Write) {
+	n.pending[n.pendingNext%len(n.pending)] = pendingWrite{op: w.Op, deadline: w.Deadline, kind: w.Kind}
+	n.pendingNext++
+	ref := s.alloc(msg{kind: mWrite, inc: n.inc, write: *w})
+	s.send(n, true, ref)
+}
+
+// atServer handles a message that reached the server.
+func (s *sim) atServer(n *node, ref int32) {
+	m := &s.msgs[ref]
+	if s.server.down {
+		s.release(ref)
+		return
+	}
+	switch m.kind {
+	case mWrite:
+		s.serverWrite(n, ref)
+	case mAppend:
+		res, last := s.server.appendEvent(s.now, n.apps[m.stream].subject, m.data, m.last, m.known)
+		*m = msg{kind: mAppendAck, inc: m.inc, stream: m.stream, attempt: m.attempt, seq: res.seq, conflict: res.conflict, last: last}
+		s.send(n, false, ref)
+	default:
+		s.release(ref)
+	}
+}
+
+// serverWrite applies a member's KV write, fans it out to the watches and
+// answers the writer.
+func (s *sim) serverWrite(n *node, ref int32) {
+	m := &s.msgs[ref]
+	w := &m.write
+	res := s.server.write(s.now, w)
+	out := failover.WriteResult{Op: w.Op}
+	leaderKey := w.Key == failover.LeaderKey(s.rules.Pair)
+	if res.ok {
+		out.Err, out.Revision, out.Time = failover.WriteOK, res.rev, res.ts
+		if !n.alive || m.inc != n.inc {
+			s.count(cZombieWrite)
+			s.tracef(n.site, "zombie write landed: %s rev %d (its process is gone)", w.Kind, res.rev)
+		}
+		var in failover.Input
+		if leaderKey {
+			s.inv.registerWritten(s, n, w, res)
+			s.reg, s.regRev, s.regTime, s.regKnown = w.Leader, res.rev, res.ts, true
+			s.inv.checkArm(s)
+			in = failover.LeaderObserved{Entry: failover.LeaderEntry{Rev: res.rev, Time: res.ts, Value: w.Leader}}
+		} else {
+			in = failover.HeartbeatObserved{Rev: res.rev, Time: res.ts, Value: w.Beat}
+		}
+		s.tr.u64(res.rev)
+		// The writer's answer and the watch delivery of the same entry race
+		// on the writer's connection; either may come first.
+		replyFirst := n.rng.IntN(2) == 0
+		if !replyFirst {
+			s.fanOut(res.rev, in)
+		}
+		s.reply(n, ref, out)
+		if replyFirst {
+			s.fanOut(res.rev, in)
+		}
+		return
+	}
+	out.Err = failover.WriteConflict
+	if leaderKey && s.regKnown {
+		out.Current = &failover.LeaderEntry{Rev: s.regRev, Time: s.regTime, Value: s.reg}
+	}
+	s.reply(n, ref, out)
+}
+
+func (s *sim) reply(n *node, ref int32, out failover.WriteResult) {
+	m := &s.msgs[ref]
+	m.kind, m.res = mWriteResult, out
+	s.send(n, false, ref)
+}
+
+// fanOut queues a new entry on every established watch, in node order.
+func (s *sim) fanOut(rev uint64, in failover.Input) {
+	for _, o := range s.nodes {
+		if o.alive && o.watch {
+			s.send(o, false, s.alloc(msg{kind: mEntry, inc: o.inc, rev: rev, in: in}))
+		}
+	}
+}
+
+// atNode handles a message that reached a node.
+func (s *sim) atNode(n *node, it item) {
+	m := &s.msgs[it.ref]
+	if !n.alive || m.inc != n.inc {
+		s.release(it.ref)
+		return
+	}
+	if n.paused {
+		n.deferred = append(n.deferred, it)
+		return
+	}
+	switch m.kind {
+	case mWriteResult:
+		res := m.res
+		s.release(it.ref)
+		s.onWriteResult(n, &res)
+		s.step(n, res)
+	case mEntry:
+		rev, in := m.rev, m.in
+		s.release(it.ref)
+		if rev <= n.deliveredRev {
+			return // the watch resumed and delivered it already
+		}
+		n.deliveredRev = rev
+		s.step(n, in)
+	case mSynced:
+		s.release(it.ref)
+		s.step(n, failover.Synced{})
+	case mAppendAck:
+		stream, attempt, seq, conflict := int(m.stream), m.attempt, m.seq, m.conflict
+		s.release(it.ref)
+		a := &n.apps[stream]
+		if !a.inflight || a.attempt != attempt {
+			return
+		}
+		a.inflight = false
+		if conflict {
+			s.appendConflict(n, stream)
+			return
+		}
+		a.last, a.known = seq, true
+		a.queue[0] = nil
+		a.queue = a.queue[1:]
+		s.pump(n, stream)
+	default:
+		s.release(it.ref)
+	}
+}
+
+// appendConflict: another process appended to this member's subject. The
+// runtime stops the member (and its resource) then; so does the model, and
+// the process stays down until a scheduled restart.
+func (s *sim) appendConflict(n *node, stream int) {
+	s.count(cAppendConflict)
+	s.tracef(n.site, "event append conflict on %s: another process writes this subject; member stops", n.apps[stream].subject)
+	s.crash(n, false)
+}
+
+// result builds the run's Result.
+func (s *sim) result(wall time.Duration) *Result {
+	r := &Result{
+		Scenario: s.sc.Name, Seed: s.cfg.Seed,
+		SimulatedSeconds: s.now.Seconds(), WallSeconds: wall.Seconds(),
+		Steps: s.steps, Digest: s.tr.sum(), Violations: s.viol,
+		Failovers: s.counters[cFailover], LeadershipChanges: s.inv.changes,
+		MaxUnavailableMS: float64(s.inv.maxGap) / float64(time.Millisecond),
+		Fsync:            s.cfg.Fsync.String(), Faults: FormatFaults(s.faults),
+	}
+	if r.Violations == nil {
+		r.Violations = []Violation{}
+	}
+	if wall > 0 {
+		r.Speedup = s.now.Seconds() / wall.Seconds()
+	}
+	required := s.sc.required(s.rules)
+	for c := counterID(0); c < numCounters; c++ {
+		req := required[c]
+		if s.counters[c] == 0 && !req {
+			continue
+		}
+		r.Sometimes = append(r.Sometimes, Counter{Name: c.String(), Count: s.counters[c], Required: req})
+		if req && s.counters[c] == 0 {
+			r.Unexercised = append(r.Unexercised, c.String())
+		}
+	}
+	if r.Sometimes == nil {
+		r.Sometimes = []Counter{}
+	}
+	if r.Unexercised == nil {
+		r.Unexercised = []string{}
+	}
+	return r
+}
+
+func (s *sim) violate(name, format string, args ...any) {
+	v := Violation{Invariant: name, At: s.now.Seconds(), Detail: fmt.Sprintf(format, args...)}
+	s.viol = append(s.viol, v)
+	s.tr.bytes([]byte(name))
+	s.log.Warn("invariant violated", "invariant", name, "at", s.now, "detail", v.Detail)
+	s.tracef("!!", "VIOLATION %s: %s", name, v.Detail)
+	if s.cfg.StopAtFirstViolation {
+		s.stopNow = true
+	}
+}
+
+func (s *sim) tracef(who, format string, args ...any) {
+	if s.tw == nil {
+		return
+	}
+	fmt.Fprintf(s.tw, "%10.3fs %-7s %s\n", s.now.Seconds(), who, fmt.Sprintf(format, args...))
+}
+
+func (s *sim) other(n *node) *node { return s.nodes[1-n.idx] }
+
+func (s *sim) nodeBySite(site string) *node {
+	for _, n := range s.nodes {
+		if n.site == site {
+			return n
+		}
+	}
+	return nil
+}

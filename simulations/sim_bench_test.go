@@ -1,0 +1,98 @@
+package simulations
+
+import (
+	"context"
+	"runtime"
+	"slices"
+	"testing"
+	"time"
+)
+
+// One pair, default rules, the random scenario, one simulated hour per
+// op. The goal is ≥ 50,000× real time: an hour in ≤ 72ms.
+//
+//	go test -run '^$' -bench 'BenchmarkSimulateHour' -benchmem ./simulations/
+func BenchmarkSimulateHour(b *testing.B) {
+	var sim, wall float64
+	var steps uint64
+	seed := uint64(0)
+	for b.Loop() {
+		seed++
+		start := time.Now()
+		r, err := Run(Config{Scenario: "random", Seed: seed, Duration: time.Hour})
+		if err != nil {
+			b.Fatal(err)
+		}
+		wall += time.Since(start).Seconds()
+		sim += r.SimulatedSeconds
+		steps += r.Steps
+	}
+	b.ReportMetric(sim/wall, "x-realtime")
+	b.ReportMetric(float64(steps)/float64(b.N), "steps/op")
+}
+
+// Swarm throughput on every core: seeds of 10 simulated minutes per wall
+// minute (shrinking off: it only runs for failing seeds).
+//
+//	go test -run '^$' -bench 'BenchmarkSwarm' -benchtime 3x ./simulations/
+func BenchmarkSwarm(b *testing.B) {
+	const seeds = 400
+	var wall float64
+	first := uint64(1)
+	for b.Loop() {
+		r := Swarm(context.Background(), SwarmConfig{Seeds: seeds, FirstSeed: first, Duration: 10 * time.Minute})
+		wall += r.WallSeconds
+		first += seeds
+	}
+	b.ReportMetric(float64(seeds*b.N)/(wall/60), "seeds10m/wall-min")
+	b.ReportMetric(float64(runtime.GOMAXPROCS(0)), "workers")
+}
+
+// Planted bugs: the median number of seeds (of 10 simulated minutes) until
+// the first violation, over 21 independent seed ranges, for rules that
+// break the safety inequality (failover_timeout 2s instead of 5s) and —
+// built with -tags understudy_mutation_skipfence — for a primary that never
+// fences itself.
+//
+//	go test -run '^$' -bench 'BenchmarkPlantedBugs' -benchtime 1x ./simulations/
+//	go test -tags understudy_mutation_skipfence -run '^$' -bench 'BenchmarkPlantedBugs' -benchtime 1x ./simulations/
+func BenchmarkPlantedBugs(b *testing.B) {
+	unsafe := DefaultPair()
+	unsafe.FailoverTimeout = 2 * time.Second
+	variants := []struct {
+		name   string
+		cfg    SwarmConfig
+		active bool
+	}{
+		{"unsafe-config", SwarmConfig{Rules: unsafe, AllowUnsafe: true}, true},
+		{"skipfence", SwarmConfig{}, plantedSkipFence},
+	}
+	for _, v := range variants {
+		if !v.active {
+			continue
+		}
+		b.Run(v.name, func(b *testing.B) {
+			for b.Loop() {
+				var counts []int
+				for r := uint64(0); r < 21; r++ {
+					n := 0
+					for ; n < 1000; n++ {
+						c := v.cfg.SeedConfig(1_000_000*(r+1) + uint64(n))
+						c.StopAtFirstViolation = true
+						res, err := Run(c)
+						if err != nil {
+							b.Fatal(err)
+						}
+						if res.Failed() {
+							break
+						}
+					}
+					counts = append(counts, n+1)
+				}
+				slices.Sort(counts)
+				b.ReportMetric(float64(counts[len(counts)/2]), "median-seeds-to-violation")
+				b.ReportMetric(float64(counts[len(counts)-1]), "max-seeds-to-violation")
+			}
+		})
+	}
+}
