@@ -25,6 +25,7 @@ func newDemoCmd(stdout, stderr io.Writer) *cobra.Command {
 		dataDir   string
 		pairFile  string
 		logLevel  string
+		out       string
 	)
 	cmd := &cobra.Command{
 		Use:   "demo",
@@ -37,7 +38,11 @@ The replica promotes once the register is stale, and a summary follows: last
 primary heartbeat, promotion, detection delay, all by JetStream server time.
 
 With --json the summary is printed on stdout as one JSON object (with
-failover_ms and promoted) and the live lines go to stderr.`,
+failover_ms and promoted) and the live lines go to stderr.
+
+With --out FILE the pair's record (KV history and events) is exported to FILE
+before the embedded server stops: 'understudy replay --file FILE' rebuilds the
+failover from it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			rules := failover.DefaultRules("demo", "site-a", "site-b")
@@ -59,7 +64,7 @@ failover_ms and promoted) and the live lines go to stderr.`,
 			if asJSON {
 				live = stderr
 			}
-			return runDemo(cmd.Context(), rules, killAfter, dataDir, asJSON, stdout, live, runtime.NewLogger(stderr, level, runtime.LogText))
+			return runDemo(cmd.Context(), rules, killAfter, dataDir, out, asJSON, stdout, live, runtime.NewLogger(stderr, level, runtime.LogText))
 		},
 	}
 	f := cmd.Flags()
@@ -68,10 +73,11 @@ failover_ms and promoted) and the live lines go to stderr.`,
 	f.StringVar(&dataDir, "data-dir", "", "JetStream data directory (default: a temporary one, removed afterwards)")
 	f.StringVar(&pairFile, "pair-config", "", "pair file with the rules to use (pair and sites are taken from it)")
 	f.StringVar(&logLevel, "log-level", "warn", "log level of the nodes (debug, info, warn, error)")
+	f.StringVar(&out, "out", "", "export the pair's record to FILE after the run (see 'understudy replay')")
 	return cmd
 }
 
-func runDemo(ctx context.Context, rules failover.Rules, killAfter time.Duration, dataDir string, asJSON bool, stdout, live io.Writer, logger *slog.Logger) error {
+func runDemo(ctx context.Context, rules failover.Rules, killAfter time.Duration, dataDir, out string, asJSON bool, stdout, live io.Writer, logger *slog.Logger) error {
 	if dataDir == "" {
 		dir, err := os.MkdirTemp("", "understudy-demo-")
 		if err != nil {
@@ -120,6 +126,14 @@ func runDemo(ctx context.Context, rules failover.Rules, killAfter time.Duration,
 	sum, err := runtime.RunTrial(ctx, addr, opts)
 	if err != nil {
 		return err
+	}
+	if out != "" {
+		ropts := runtime.PairRecordOptions{Pair: rules.Pair, Bucket: names.FailoverBucket, Stream: names.EventsStream}
+		n, size, err := exportToFile(ctx, js, ropts, "understudy demo (embedded NATS "+es.ClientURL()+")", out, io.Discard)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(live, "record of pair %s exported to %s: %d records, %d bytes (replay it with 'understudy replay --file %s')\n", rules.Pair, out, n, size, out)
 	}
 	if asJSON {
 		enc := json.NewEncoder(stdout)
