@@ -132,7 +132,8 @@ func (r *stepRecorder) waitFor(t *testing.T, name string, from time.Time, timeou
 // stepRecorder tells them apart.
 func recordedProcedures() procedure.Spec {
 	chain := func(name string) procedure.ChainSpec {
-		return procedure.ChainSpec{Steps: []procedure.StepSpec{{Name: name, Driver: "exec", Timeout: 5 * time.Second, Exec: &procedure.ExecSpec{Command: "true"}}}}
+		// 300ms: the fence chain's worst case must fit in fence_grace.
+		return procedure.ChainSpec{Steps: []procedure.StepSpec{{Name: name, Driver: "exec", Timeout: 300 * time.Millisecond, Exec: &procedure.ExecSpec{Command: "true"}}}}
 	}
 	return procedure.Spec{Fence: chain("fence"), Promote: chain("promote"), Demote: chain("demote")}
 }

@@ -115,7 +115,9 @@ func (a *memberActor) Receive(c *actor.Context) {
 func (a *memberActor) started(c *actor.Context) {
 	a.pid, a.engine, a.base = c.PID(), c.Engine(), time.Now()
 	a.ctx, a.cancel = context.WithCancel(context.Background())
-	m, err := failover.NewMember(a.cfg.Site, a.cfg.Rules, a.cfg.Options)
+	opts := a.cfg.Options
+	opts.FenceBudget = max(opts.FenceBudget, a.cfg.Procedures.Fence.WorstCase())
+	m, err := failover.NewMember(a.cfg.Site, a.cfg.Rules, opts)
 	if err != nil {
 		a.log.Error("member refused its rules", "err", err)
 		c.Engine().Poison(c.PID())

@@ -184,6 +184,11 @@ func resolvePairs(node string, pairs []PairMember, baseDir string) ([]MemberConf
 			errs = append(errs, err)
 			continue
 		}
+		if err := rules.CheckFenceBudget(pm.Procedures.Fence.WorstCase()); err != nil {
+			ce := err.(*ConfigError)
+			errs = append(errs, &ConfigError{Field: field + "." + ce.Field, Rule: ce.Rule + " (procedures.fence)", Value: ce.Value})
+			continue
+		}
 		key := rules.Pair + "/" + site
 		if seen[key] {
 			errs = append(errs, &ConfigError{Field: field, Rule: "each pair member may be hosted once per node", Value: key})

@@ -77,7 +77,7 @@ func TestPairFileRefusalsNameFieldRuleAndNumbers(t *testing.T) {
 			name:  "threshold below one",
 			body:  pairHead + "failure_threshold: 0\n",
 			field: "failure_threshold", value: "0",
-			want: []string{"failure_threshold = 0", "must be at least 1"},
+			want: []string{"failure_threshold = 0", "must be between 1 and 10000"},
 		},
 		{
 			name:  "failback invalid",
@@ -214,11 +214,12 @@ func indent(s string, n int) string {
 const nodeProcedures = `procedures:
   fence:
     steps:
-      - {name: stop, driver: exec, timeout: 2s, exec: {command: "true"}}
-      - {driver: exec, exec: {command: "true", args: ["-x"]}}
+      - {name: stop, driver: exec, timeout: 200ms, exec: {command: "true"}}
+      - {driver: exec, timeout: 100ms, exec: {command: "true", args: ["-x"]}}
   promote:
     steps:
       - {name: promote, driver: exec, timeout: 3s, exec: {command: "true"}}
+      - {driver: exec, exec: {command: "true"}}
 `
 
 // loadNode writes a node file into dir and loads it; the caller validates.
@@ -267,12 +268,12 @@ pairs:
 		t.Errorf("member of the file pair %q, want the node's name site-b", byFile.Site)
 	}
 	fence := byFile.Procedures.Fence.Steps
-	if len(fence) != 2 || fence[0].Name != "stop" || fence[0].Timeout != 2*time.Second ||
-		fence[1].Name != "exec-1" || fence[1].Timeout != procedure.DefaultStepTimeout ||
+	if len(fence) != 2 || fence[0].Name != "stop" || fence[0].Timeout != 200*time.Millisecond ||
+		fence[1].Name != "exec-1" || fence[1].Timeout != 100*time.Millisecond ||
 		fence[1].Exec == nil || fence[1].Exec.Command != "true" || len(fence[1].Exec.Args) != 1 {
 		t.Errorf("fence steps: %+v", fence)
 	}
-	if p := byFile.Procedures.Promote.Steps; len(p) != 1 || p[0].Timeout != 3*time.Second {
+	if p := byFile.Procedures.Promote.Steps; len(p) != 2 || p[0].Timeout != 3*time.Second || p[1].Timeout != procedure.DefaultStepTimeout {
 		t.Errorf("promote steps: %+v", p)
 	}
 
@@ -365,6 +366,19 @@ func TestNodeFilePairRefusalsNameTheirPath(t *testing.T) {
 			body:  "node: site-a\npairs:\n  - pair: pg-main\n    primary: site-a\n    replica: site-b\n    failover_timeout: 4s\n" + indent(nodeProcedures, 4),
 			field: "pairs[0].failover_timeout",
 			want:  []string{"pairs[0].failover_timeout = 4s", "safety inequality", "= 5s", "at least 5s"},
+		},
+		{
+			name: "fence chain longer than fence_grace",
+			body: "node: site-a\npairs:\n  - pair: pg-main\n    primary: site-a\n    replica: site-b\n    procedures:\n      fence:\n        steps:\n" +
+				"          - {driver: exec, timeout: 1500ms, exec: {command: x}}\n          - {driver: exec, exec: {command: y}}\n",
+			field: "pairs[0].fence_grace",
+			want:  []string{"pairs[0].fence_grace = 2s", "sum of its step timeouts (31.5s)", "procedures.fence"},
+		},
+		{
+			name:  "threshold beyond its bound",
+			body:  "node: site-a\npairs:\n  - pair: pg-main\n    primary: site-a\n    replica: site-b\n    failure_threshold: 4000000000\n" + indent(nodeProcedures, 4),
+			field: "pairs[0].failure_threshold",
+			want:  []string{"pairs[0].failure_threshold = 4000000000", "between 1 and 10000"},
 		},
 		{
 			name:  "pair file breaks a rule",

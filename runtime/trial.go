@@ -78,9 +78,16 @@ type TrialSummary struct {
 }
 
 // trialProcedures stand in for a database: every chain succeeds at once.
-func trialProcedures() procedure.Spec {
-	ok := procedure.ChainSpec{Steps: []procedure.StepSpec{{Name: "noop", Driver: "exec", Timeout: 5 * time.Second, Exec: &procedure.ExecSpec{Command: "true"}}}}
-	return procedure.Spec{Fence: ok, Promote: ok, Demote: ok}
+// The fence step's timeout is fence_grace, the most the rules allow.
+func trialProcedures(r failover.Rules) procedure.Spec {
+	step := func(timeout time.Duration) procedure.ChainSpec {
+		return procedure.ChainSpec{Steps: []procedure.StepSpec{{Name: "noop", Driver: "exec", Timeout: timeout, Exec: &procedure.ExecSpec{Command: "true"}}}}
+	}
+	fence := r.FenceGrace
+	if fence <= 0 {
+		fence = time.Millisecond
+	}
+	return procedure.Spec{Fence: step(fence), Promote: step(5 * time.Second), Demote: step(5 * time.Second)}
 }
 
 type trialSite struct {
@@ -167,7 +174,7 @@ func RunTrial(ctx context.Context, serverAddr string, opts TrialOptions) (TrialS
 		s := &trialSite{site: site, proxy: p, nc: nc}
 		sites[site] = s
 		s.host, err = StartHost(ctx, js, opts.Stream, opts.Bucket,
-			[]MemberConfig{{Rules: r, Site: site, Procedures: trialProcedures()}},
+			[]MemberConfig{{Rules: r, Site: site, Procedures: trialProcedures(r)}},
 			HostOptions{Logger: logger.With("node", site), Observe: observe})
 		if err != nil {
 			return sum, err

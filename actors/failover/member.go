@@ -74,6 +74,12 @@ type Options struct {
 	// AllowUnsafe accepts rules that break the safety inequality (the
 	// simulator uses it to prove that its checker finds the split brain).
 	AllowUnsafe bool
+	// FenceBudget is the worst case of this member's fence chain: the sum
+	// of its step timeouts, when every step but the last hangs. fence_grace
+	// must cover it, since the safety inequality counts on the primary
+	// being fenced within fence_grace; rules (at start or changed in KV)
+	// that do not are refused. Zero skips the check.
+	FenceBudget time.Duration
 }
 
 type pendingWrite struct {
@@ -162,7 +168,10 @@ func checkRules(r Rules, opts Options) error {
 	if opts.AllowUnsafe {
 		return r.ValidateShape()
 	}
-	return r.Validate()
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	return r.CheckFenceBudget(opts.FenceBudget)
 }
 
 // Site is the member's site.

@@ -64,6 +64,13 @@ func DefaultRules(pair, primary, replica string) Rules {
 	}
 }
 
+// Bounds of the rules: with them (MaxThreshold+1)*MaxDuration+MaxDuration
+// is about 1.2 million hours, far inside time.Duration's range.
+const (
+	MaxThreshold = 10000
+	MaxDuration  = 24 * time.Hour
+)
+
 // MinFailoverTimeout is the smallest failover_timeout the safety inequality
 // allows for these rules: (failure_threshold + 1) * heartbeat_timeout + fence_grace.
 func (r Rules) MinFailoverTimeout() time.Duration {
@@ -85,6 +92,19 @@ func (r Rules) Validate() error {
 		}
 	}
 	return nil
+}
+
+// CheckFenceBudget refuses rules whose fence_grace does not cover budget,
+// the worst case of a member's fence chain (see Options.FenceBudget).
+func (r Rules) CheckFenceBudget(budget time.Duration) error {
+	if budget <= r.FenceGrace {
+		return nil
+	}
+	return &actors.ConfigError{
+		Field: "fence_grace",
+		Rule: fmt.Sprintf("must cover the fence chain's worst case, the sum of its step timeouts (%v): the replica may promote fence_grace after the primary starts fencing; raise fence_grace (and failover_timeout) or shorten the fence steps' timeouts", budget),
+		Value: r.FenceGrace.String(),
+	}
 }
 
 // ValidateShape checks every field but not the safety inequality. Only the
@@ -128,11 +148,21 @@ func (r Rules) ValidateShape() error {
 	if r.FenceGrace < 0 {
 		return &actors.ConfigError{Field: "fence_grace", Rule: "must not be negative", Value: r.FenceGrace.String()}
 	}
-	if r.FailureThreshold < 1 {
-		return &actors.ConfigError{Field: "failure_threshold", Rule: "must be at least 1", Value: strconv.Itoa(r.FailureThreshold)}
+	// Upper bounds keep the safety inequality's arithmetic far from
+	// overflow and catch unit slips ("1000h" for "1000ms").
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{{"heartbeat_timeout", r.HeartbeatTimeout}, {"failover_timeout", r.FailoverTimeout}, {"fence_grace", r.FenceGrace}} {
+		if d.v > MaxDuration {
+			return &actors.ConfigError{Field: d.field, Rule: "must be at most " + MaxDuration.String(), Value: d.v.String()}
+		}
 	}
-	if r.SuccessThreshold < 1 {
-		return &actors.ConfigError{Field: "success_threshold", Rule: "must be at least 1", Value: strconv.Itoa(r.SuccessThreshold)}
+	if r.FailureThreshold < 1 || r.FailureThreshold > MaxThreshold {
+		return &actors.ConfigError{Field: "failure_threshold", Rule: "must be between 1 and " + strconv.Itoa(MaxThreshold), Value: strconv.Itoa(r.FailureThreshold)}
+	}
+	if r.SuccessThreshold < 1 || r.SuccessThreshold > MaxThreshold {
+		return &actors.ConfigError{Field: "success_threshold", Rule: "must be between 1 and " + strconv.Itoa(MaxThreshold), Value: strconv.Itoa(r.SuccessThreshold)}
 	}
 	if r.Failback != FailbackAuto && r.Failback != FailbackManual {
 		return &actors.ConfigError{Field: "failback", Rule: `must be "auto" or "manual"`, Value: r.Failback.String()}

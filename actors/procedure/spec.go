@@ -28,6 +28,16 @@ type ChainSpec struct {
 	Steps []StepSpec `yaml:"steps,omitempty"`
 }
 
+// WorstCase is how long the chain can take: the sum of its step timeouts
+// (every step but the last fails only by timing out).
+func (c ChainSpec) WorstCase() time.Duration {
+	var d time.Duration
+	for _, s := range c.Steps {
+		d += s.Timeout
+	}
+	return d
+}
+
 // StepSpec is one step: a driver name plus that driver's fields. A new
 // driver adds its own field (e.g. Libvirt *LibvirtSpec) and a row in
 // driverChecks.

@@ -250,7 +250,7 @@ func waitLeader(t *testing.T, url, pair, leader string, timeout time.Duration) P
 	}
 }
 
-const exitTrue = `{steps: [{driver: exec, timeout: 5s, exec: {command: "true"}}]}`
+const exitTrue = `{steps: [{driver: exec, timeout: 200ms, exec: {command: "true"}}]}`
 
 // pairMemberYAML is one entry of a node file's pairs hosting member.
 func pairMemberYAML(pair, member string) string {
@@ -351,7 +351,7 @@ pairs:
 		"safety inequality: failover_timeout >= (failure_threshold + 1) * heartbeat_timeout + fence_grace",
 		"(2 + 1) * 200ms + 300ms = 900ms",
 		"raise failover_timeout to at least 900ms",
-		`(got "800ms")`,
+		`(got 800ms)`,
 		"understudy serve --help",
 	} {
 		if !strings.Contains(stderr, want) {

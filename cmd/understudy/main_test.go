@@ -45,7 +45,7 @@ func TestCommandLineMistakesExitWithUsage(t *testing.T) {
 		want []string // parts of stderr
 	}{
 		{[]string{"serve", "--replicas", "9", "--log-format", "xml", "--data-dir", t.TempDir()},
-			[]string{"--replicas: must be 1..5", `(got "9")`, "--log-format: must be text or json", "understudy serve --help"}},
+			[]string{"--replicas: must be 1..5", `(got 9)`, "--log-format: must be text or json", "understudy serve --help"}},
 		{[]string{"serve", "--nats-url", "nats://127.0.0.1:4222", "--nats-tls-cert", "c.pem"},
 			[]string{"--nats-tls-key: must be set together with nats.tls.cert"}},
 		{[]string{"serve", "--http", "nowhere"}, []string{"--http: must be host:port"}},

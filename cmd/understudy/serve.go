@@ -149,7 +149,11 @@ func configErrors(err error) error {
 			if flag, ok := flagOf[ce.Field]; ok {
 				name = "--" + flag
 			}
-			lines = append(lines, fmt.Sprintf("  %s: %s (got %q)", name, ce.Rule, ce.Value))
+			if ce.Value == "" {
+				lines = append(lines, fmt.Sprintf("  %s: %s", name, ce.Rule))
+			} else {
+				lines = append(lines, fmt.Sprintf("  %s: %s (got %s)", name, ce.Rule, ce.Value))
+			}
 		} else {
 			lines = append(lines, "  "+e.Error())
 		}

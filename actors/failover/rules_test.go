@@ -1,0 +1,78 @@
+package failover
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"understudy/actors"
+)
+
+// A fence chain that can outlast fence_grace breaks the safety argument:
+// refused at start, and a run-time change that lowers fence_grace under
+// it is refused with the old rules kept.
+func TestFenceBudgetMustFitFenceGrace(t *testing.T) {
+	rules := DefaultRules("pg", "a", "b") // fence_grace 2s
+	_, err := NewMember("a", rules, Options{FenceBudget: 3 * time.Second})
+	var ce *actors.ConfigError
+	if !errors.As(err, &ce) || ce.Field != "fence_grace" || !strings.Contains(ce.Rule, "(3s)") {
+		t.Fatalf("NewMember with a 3s fence chain and 2s grace: %v", err)
+	}
+
+	m, err := NewMember("a", rules, Options{FenceBudget: 1500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Start(0)
+	lower := rules
+	lower.FenceGrace = time.Second
+	r := m.Step(time.Millisecond, ConfigObserved{Rev: 5, Rules: lower})
+	var rejected *ConfigRejected
+	for _, ev := range r.Events {
+		if e, ok := ev.(*ConfigRejected); ok {
+			rejected = e
+		}
+	}
+	if rejected == nil || rejected.Field != "fence_grace" || rejected.Value != "1s" {
+		t.Fatalf("config lowering fence_grace under the fence chain: events %v", r.Events)
+	}
+	if m.Rules().FenceGrace != 2*time.Second {
+		t.Fatalf("rules in force changed to %+v", m.Rules())
+	}
+
+	raise := rules
+	raise.FenceGrace, raise.FailoverTimeout = 3*time.Second, 6*time.Second
+	r = m.Step(2*time.Millisecond, ConfigObserved{Rev: 6, Rules: raise})
+	applied := false
+	for _, ev := range r.Events {
+		_, ok := ev.(*ConfigApplied)
+		applied = applied || ok
+	}
+	if !applied || m.Rules() != raise {
+		t.Fatalf("a change that keeps the budget: events %v, rules %+v", r.Events, m.Rules())
+	}
+}
+
+// Thresholds and durations are bounded so the safety inequality's sum
+// cannot overflow into a small, passing number.
+func TestRulesBoundsPreventOverflow(t *testing.T) {
+	r := DefaultRules("pg", "a", "b")
+	r.FailureThreshold = 1 << 40
+	r.HeartbeatTimeout = 1 << 40
+	if err := r.Validate(); err == nil {
+		t.Fatal("huge failure_threshold accepted")
+	}
+	r = DefaultRules("pg", "a", "b")
+	r.HeartbeatTimeout = 25 * time.Hour
+	var ce *actors.ConfigError
+	if err := r.Validate(); !errors.As(err, &ce) || ce.Field != "heartbeat_timeout" {
+		t.Fatalf("25h heartbeat_timeout: %v", err)
+	}
+	r = DefaultRules("pg", "a", "b")
+	r.FailureThreshold, r.HeartbeatTimeout = MaxThreshold, MaxDuration
+	r.FenceGrace, r.FailoverTimeout = MaxDuration, MaxDuration
+	if err := r.Validate(); !errors.As(err, &ce) || ce.Field != "failover_timeout" {
+		t.Fatalf("largest thresholds: the inequality must still be computed and fail: %v", err)
+	}
+}
