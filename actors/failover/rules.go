@@ -102,7 +102,7 @@ func (r Rules) CheckFenceBudget(budget time.Duration) error {
 	}
 	return &actors.ConfigError{
 		Field: "fence_grace",
-		Rule: fmt.Sprintf("must cover the fence chain's worst case, the sum of its step timeouts (%v): the replica may promote fence_grace after the primary starts fencing; raise fence_grace (and failover_timeout) or shorten the fence steps' timeouts", budget),
+		Rule:  fmt.Sprintf("must cover the fence chain's worst case, the sum of its step timeouts (%v): the replica may promote fence_grace after the primary starts fencing; raise fence_grace (and failover_timeout) or shorten the fence steps' timeouts", budget),
 		Value: r.FenceGrace.String(),
 	}
 }
