@@ -2,6 +2,8 @@ package runtime
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -32,11 +34,18 @@ type appender struct {
 	done    chan struct{}
 	lastSeq uint64
 	known   bool // lastSeq was read from the log (by replay or LastSequence)
+	// nonce makes this appender's message ids its own: a retry of its own
+	// append is deduplicated, while a twin process appending at the same
+	// position gets a different id, so the server checks the expected
+	// sequence and reports the conflict instead of a "duplicate".
+	nonce string
 }
 
 func newAppender(log events.Log, subject string, logger *slog.Logger) *appender {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
 	return &appender{
-		log: log, subject: subject, logger: logger,
+		log: log, subject: subject, logger: logger, nonce: hex.EncodeToString(b[:]),
 		wake: make(chan struct{}, 1), stopped: make(chan struct{}), done: make(chan struct{}),
 	}
 }
@@ -131,10 +140,15 @@ func (a *appender) run() {
 				a.mu.Unlock()
 			}
 			opts := events.Expect(last)
-			opts.MsgID = fmt.Sprintf("%s@%d", a.subject, last+1)
+			opts.MsgID = fmt.Sprintf("%s@%d/%s", a.subject, last+1, a.nonce)
 			ack, err := a.log.Append(actx, a.subject, ev, opts)
 			if err != nil {
 				return err
+			}
+			if ack.Duplicate && ack.Sequence != last+1 {
+				// Our id, but at another position: never expected; refuse
+				// to take it for this event's append.
+				return fmt.Errorf("%w: message id %s already stored at sequence %d", events.ErrConflict, opts.MsgID, ack.Sequence)
 			}
 			a.mu.Lock()
 			a.lastSeq = ack.Sequence

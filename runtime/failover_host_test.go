@@ -643,3 +643,48 @@ func TestMemberRestartReplaysAndServesAgain(t *testing.T) {
 		t.Errorf("%d fenced heartbeats in the register, want at least success_threshold = %d", fencedBeats, r.SuccessThreshold)
 	}
 }
+
+// A serving member that finds another process writing its event subject
+// (a zombie or a twin) fences its resource before it stops, and then
+// writes nothing more.
+func TestConflictingMemberFencesBeforeStopping(t *testing.T) {
+	t.Parallel()
+	fn := startFailoverNATS(t)
+	r := fastRules(t, "twin-member")
+	rec := &stepRecorder{}
+	tr := newTransitions()
+	hostMember(t, "nats://"+fn.addr, fn, r, r.Primary, procedure.Drivers{"exec": rec}, tr, nil)
+	tr.waitFor(t, r.Primary, "failover.serving_started", 1, 5*time.Second)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// The twin appends to the member's subject; the member's next append
+	// (the config change below makes one) then conflicts.
+	if _, err := fn.evlog.Append(ctx, failover.Subject(r.Pair, r.Primary), &failover.HeartbeatRecovered{Term: 99}, events.AppendOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	changed := r
+	changed.SuccessThreshold = 3
+	triggered := time.Now()
+	if _, err := fn.kv.Put(ctx, failover.ConfigKey(r.Pair), failover.EncodeRules(changed)); err != nil {
+		t.Fatal(err)
+	}
+	fence := rec.waitFor(t, "fence", triggered, 5*time.Second)
+	if fence.at.Sub(triggered) > 2*time.Second {
+		t.Errorf("fenced %v after the conflict", fence.at.Sub(triggered))
+	}
+	// Stopped: the register stops moving.
+	time.Sleep(3 * r.HeartbeatTimeout)
+	before, err := fn.kv.Get(ctx, failover.LeaderKey(r.Pair))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * r.HeartbeatTimeout)
+	after, err := fn.kv.Get(ctx, failover.LeaderKey(r.Pair))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Revision != before.Revision {
+		t.Errorf("the register moved from revision %d to %d after the member stopped", before.Revision, after.Revision)
+	}
+}

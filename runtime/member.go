@@ -47,6 +47,8 @@ type (
 	memberTick     struct{ gen uint64 }
 	memberInput    struct{ in failover.Input }
 	memberConflict struct{ err error }
+	// conflictFenceDone ends the wait for the conflict fence.
+	conflictFenceDone struct{}
 	memberShutdown struct{ done chan struct{} }
 	watchFailed    struct{ err error }
 )
@@ -69,6 +71,9 @@ type memberActor struct {
 	cancel   context.CancelFunc
 	timer    *time.Timer
 	tickGen  uint64
+	// conflicted: another process appends to this member's subject; the
+	// member takes no more inputs and stops once its resource is fenced.
+	conflicted bool
 	// handedOver is closed once the member no longer holds the register
 	// after a shutdown request.
 	handedOver chan struct{}
@@ -100,9 +105,16 @@ func (a *memberActor) Receive(c *actor.Context) {
 	case memberInput:
 		a.step(msg.in)
 	case procDone:
+		if msg.res.Seq == conflictFenceSeq && msg.res.Kind == procedure.ChainFence {
+			a.log.Warn("conflict fence finished; member stops", "ok", msg.res.OK, "detail", msg.res.Detail)
+			c.Engine().Poison(c.PID())
+			return
+		}
 		a.step(failover.ProcedureResult{Kind: failover.ProcKind(msg.res.Kind), Seq: msg.res.Seq, OK: msg.res.OK, Detail: msg.res.Detail})
 	case memberConflict:
-		a.log.Error("member stops: its event subject is written by another process", "err", msg.err)
+		a.onConflict(c, msg.err)
+	case conflictFenceDone:
+		a.log.Error("conflict fence did not finish within the fence chain's worst case; member stops")
 		c.Engine().Poison(c.PID())
 	case memberShutdown:
 		a.handedOver = msg.done
@@ -168,6 +180,38 @@ func (a *memberActor) replay(subject string) (last uint64, n int, ok bool) {
 	return last, n, true
 }
 
+// conflictFenceSeq marks the fence chain a member runs when it finds a
+// twin: above any sequence the member itself hands out.
+const conflictFenceSeq = ^uint64(0)
+
+// onConflict stops a member whose event subject another process writes: it
+// is a zombie or has a twin. It takes no more inputs; if it was serving or
+// holding the register it fences its resource first (fence chains are
+// idempotent), so that a stopped member never leaves a database serving.
+func (a *memberActor) onConflict(c *actor.Context, err error) {
+	if a.conflicted {
+		return
+	}
+	a.conflicted = true
+	if a.cancel != nil {
+		a.cancel() // ends the KV watch: no more inputs
+	}
+	if a.timer != nil {
+		a.timer.Stop()
+	}
+	if a.m == nil || !(a.m.Serving() || a.m.Holding()) {
+		a.log.Error("member stops: its event subject is written by another process", "err", err)
+		c.Engine().Poison(c.PID())
+		return
+	}
+	wait := a.cfg.Procedures.Fence.WorstCase() + time.Second
+	a.log.Error("member fences its resource and stops: its event subject is written by another process",
+		"err", err, "serving", a.m.Serving(), "fence_wait", wait)
+	a.engine.Send(a.resource, runChain{kind: procedure.ChainFence, seq: conflictFenceSeq})
+	pid, engine := a.pid, a.engine
+	time.AfterFunc(wait, func() { engine.Send(pid, conflictFenceDone{}) })
+}
+
 func (a *memberActor) stopped() {
 	if a.cancel != nil {
 		a.cancel()
@@ -186,7 +230,7 @@ func (a *memberActor) stopped() {
 }
 
 func (a *memberActor) step(in failover.Input) {
-	if a.m == nil {
+	if a.m == nil || a.conflicted {
 		return
 	}
 	a.handle(a.m.Step(a.now(), in))
