@@ -49,8 +49,8 @@ type (
 	memberConflict struct{ err error }
 	// conflictFenceDone ends the wait for the conflict fence.
 	conflictFenceDone struct{}
-	memberShutdown struct{ done chan struct{} }
-	watchFailed    struct{ err error }
+	memberShutdown    struct{ done chan struct{} }
+	watchFailed       struct{ err error }
 )
 
 // memberActor hosts one failover.Member: it feeds it the pair's KV watch,
