@@ -299,6 +299,14 @@ type SwitchoverAccepted struct {
 	To string `msgpack:"to"`
 }
 
+// SwitchoverRejected: the leader refused a switchover request and keeps
+// leading. Reason says why (the target is not heartbeating ready).
+type SwitchoverRejected struct {
+	ID     string `msgpack:"id"`
+	To     string `msgpack:"to"`
+	Reason string `msgpack:"reason"`
+}
+
 func (*Started) EventType() string            { return "failover.started" }
 func (*FenceRequested) EventType() string     { return "failover.fence_requested" }
 func (*Fenced) EventType() string             { return "failover.fenced" }
@@ -321,6 +329,7 @@ func (*Released) EventType() string           { return "failover.released" }
 func (*ConfigApplied) EventType() string      { return "failover.config_applied" }
 func (*ConfigRejected) EventType() string     { return "failover.config_rejected" }
 func (*SwitchoverAccepted) EventType() string { return "failover.switchover_accepted" }
+func (*SwitchoverRejected) EventType() string { return "failover.switchover_rejected" }
 
 // RegisterEvents adds the member's event types (schema version 1) to reg.
 func RegisterEvents(reg *events.Registry) error {
@@ -329,7 +338,7 @@ func RegisterEvents(reg *events.Registry) error {
 		&HeartbeatRecovered{}, &AcquireAttempted{}, &Promoted{}, &PromotionRejected{},
 		&AcquireFailed{}, &Resumed{}, &Unfenced{}, &ServingStarted{}, &PromoteFailed{},
 		&LeadershipLost{}, &DemotionRequested{}, &Demoted{}, &DemoteFailed{}, &Released{},
-		&ConfigApplied{}, &ConfigRejected{}, &SwitchoverAccepted{},
+		&ConfigApplied{}, &ConfigRejected{}, &SwitchoverAccepted{}, &SwitchoverRejected{},
 	} {
 		if err := reg.Register(ev, 1); err != nil {
 			return err

@@ -137,8 +137,11 @@ type Member struct {
 	successes    int
 	prefCount    int
 	prefLast     time.Time
-	memberOK     int       // consecutive own heartbeats acknowledged in time
-	fencedSince  time.Time // server time of the first write of the current fenced run of the holder
+	memberOK     int           // consecutive own heartbeats acknowledged in time
+	peerReady    int           // consecutive ready heartbeats of the other site, gaps <= 2 heartbeat_timeout
+	peerLast     time.Time     // server time of the other site's last heartbeat
+	peerSeenAt   time.Duration // local time it was observed
+	fencedSince  time.Time     // server time of the first write of the current fenced run of the holder
 	fencedSeenAt time.Duration
 	probedFor    uint64 // leader revision a staleness probe was written for
 	fenceFailed  bool
@@ -337,6 +340,8 @@ func (m *Member) Apply(ev events.Event) {
 	case *ConfigRejected:
 		m.rulesRev = e.Rev
 	case *SwitchoverAccepted:
+		m.lastSwitchover = e.ID
+	case *SwitchoverRejected:
 		m.lastSwitchover = e.ID
 	}
 }
@@ -734,6 +739,15 @@ func (m *Member) onMemberBeat(h HeartbeatObserved) {
 		}
 		return
 	}
+	switch {
+	case !h.Value.Ready:
+		m.peerReady = 0
+	case m.peerLast.IsZero() || h.Time.Sub(m.peerLast) <= 2*m.rules.HeartbeatTimeout:
+		m.peerReady++
+	default:
+		m.peerReady = 1
+	}
+	m.peerLast, m.peerSeenAt = h.Time, m.now
 	if m.phase != PhaseLeader || h.Value.Site != m.rules.Primary {
 		m.prefCount, m.prefLast = 0, time.Time{}
 		return
@@ -793,8 +807,30 @@ func (m *Member) onSwitchover(s SwitchoverObserved) {
 	if req.To == m.site || !m.rules.Has(req.To) {
 		return
 	}
+	if reason := m.peerNotReady(); reason != "" {
+		// Handing over to a member that will not take the register would
+		// leave the pair without a primary: refuse and keep leading.
+		m.emit(&SwitchoverRejected{ID: req.ID, To: req.To, Reason: reason})
+		return
+	}
 	m.emit(&SwitchoverAccepted{ID: req.ID, To: req.To})
 	m.demote(DemoteSwitchover, req.To)
+}
+
+// peerNotReady says why the other site cannot take over now, or "" when it
+// can: its last heartbeat, seen within 2 heartbeat_timeout, says ready (a
+// member says so after success_threshold own heartbeats acknowledged in
+// time, as a follower).
+func (m *Member) peerNotReady() string {
+	switch {
+	case m.peerLast.IsZero():
+		return "no heartbeat of " + m.rules.Other(m.site) + " seen"
+	case m.now-m.peerSeenAt > 2*m.rules.HeartbeatTimeout:
+		return fmt.Sprintf("%s's last heartbeat was seen %v ago (more than 2 × heartbeat_timeout)", m.rules.Other(m.site), m.now-m.peerSeenAt)
+	case m.peerReady == 0:
+		return m.rules.Other(m.site) + " does not heartbeat ready (it is not a follower with success_threshold acknowledged heartbeats)"
+	}
+	return ""
 }
 
 func (m *Member) onProcedure(r ProcedureResult) {

@@ -2,6 +2,7 @@ package failover
 
 import (
 	"fmt"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,7 +15,7 @@ import (
 // decision. Regenerate with: go test ./actors/failover -run Transcripts -rewrite
 // and review the diff.
 func TestTranscripts(t *testing.T) {
-	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
+	datadriven.Walk(t, filepath.Join("testdata", "transcripts"), func(t *testing.T, path string) {
 		var w *world
 		var out strings.Builder
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {

@@ -387,3 +387,33 @@ func TestStatusWithoutNATSFailsFast(t *testing.T) {
 		t.Errorf("stdout %q", stdout)
 	}
 }
+
+// A switchover towards a member that does not run is refused by the
+// leader, which keeps serving; the command says why and fails.
+func TestSwitchoverToAbsentMemberIsRefused(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	const pair = "cli-lonely"
+	node := writeTestFile(t, dir, "node.yaml", `node: site-a
+data_dir: `+filepath.Join(dir, "data")+`
+nats: {listen: "127.0.0.1:0"}
+http: 127.0.0.1:0
+log: {format: json}
+pairs:
+`+pairMemberYAML(pair, "site-a"))
+	_, ready := startServeBinary(t, "serve", "--config", node)
+	url, _ := ready["client_url"].(string)
+	st := waitLeader(t, url, pair, "site-a", 5*time.Second)
+
+	code, stdout, stderr := runBinary(t, 20*time.Second, "switchover", "--nats-url", url, "--pair", pair, "--to", "site-b", "--wait", "10s")
+	if code == exitOK {
+		t.Fatalf("switchover to an absent member succeeded: %s", stdout)
+	}
+	if !strings.Contains(stderr, "refused by the leader") || !strings.Contains(stderr, "no heartbeat of site-b seen") {
+		t.Errorf("switchover stderr %q does not say why it was refused", stderr)
+	}
+	after := waitLeader(t, url, pair, "site-a", time.Second)
+	if after.Term != st.Term {
+		t.Errorf("term moved from %d to %d: the leader let go", st.Term, after.Term)
+	}
+}

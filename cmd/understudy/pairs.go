@@ -66,6 +66,36 @@ func (f *natsFlags) connect(ctx context.Context) (*nats.Conn, events.KV, error) 
 	return nc, kv, nil
 }
 
+// watchSwitchoverRejection tails the pair's member events from the
+// request's time and delivers the leader's refusal of req, if it comes.
+// Without access to the event stream it delivers nothing (the register
+// watch then decides).
+func watchSwitchoverRejection(ctx context.Context, nc *nats.Conn, pair string, req failover.Switchover) <-chan *failover.SwitchoverRejected {
+	out := make(chan *failover.SwitchoverRejected, 1)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return out
+	}
+	evlog, err := events.NewJetStreamLog(js, runtime.DefaultEventsStream, runtime.Codec())
+	if err != nil {
+		return out
+	}
+	go func() {
+		opts := events.ReadOptions{Subject: "ev.failover." + pair + ".>", FromTime: req.Requested.Add(-time.Second), Follow: true}
+		for rec, err := range evlog.Read(ctx, opts) {
+			if err != nil {
+				return
+			}
+			ev, err := evlog.Codec().DecodeRecord(rec)
+			if r, ok := ev.(*failover.SwitchoverRejected); err == nil && ok && r.ID == req.ID {
+				out <- r
+				return
+			}
+		}
+	}()
+	return out
+}
+
 // PairStatus is one pair as `understudy status --json` prints it. Ages
 // are measured against the server's clock (a probe write stamped by it).
 type PairStatus struct {
@@ -301,9 +331,12 @@ func newSwitchoverCmd(stdout io.Writer) *cobra.Command {
 				return err
 			}
 			defer w.Stop()
+			rejected := watchSwitchoverRejection(ctx, nc, pair, req)
 			deadline := time.After(wait)
 			for {
 				select {
+				case r := <-rejected:
+					return fmt.Errorf("switchover %s refused by the leader: %s (it keeps leading pair %s)", req.ID, r.Reason, pair)
 				case e, ok := <-w.Updates():
 					if !ok {
 						return errors.New("watch of the leadership register ended")
