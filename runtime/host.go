@@ -29,6 +29,7 @@ type HostOptions struct {
 	Logger  *slog.Logger
 	Drivers procedure.Drivers // procedure.DefaultDrivers() when nil
 	Observe func(Transition)  // see MemberDeps.Observe
+	Metrics *MemberMetrics    // see MemberDeps.Metrics
 }
 
 // Host runs pair members as hollywood actors on one NATS connection.
@@ -64,7 +65,7 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 	}
 	h := &Host{engine: engine, Log: evlog, KV: kv}
 	for _, mc := range members {
-		deps := MemberDeps{Log: evlog, KV: kv, Drivers: drivers, Logger: logger, Observe: opts.Observe}
+		deps := MemberDeps{Log: evlog, KV: kv, Drivers: drivers, Logger: logger, Observe: opts.Observe, Metrics: opts.Metrics}
 		pid := engine.Spawn(NewMemberActor(mc, deps), "member", actor.WithID(mc.Rules.Pair+"."+mc.Site))
 		h.pids = append(h.pids, pid)
 		logger.Info("member started", "pair", mc.Rules.Pair, "site", mc.Site)

@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"time"
@@ -40,6 +41,8 @@ type MemberDeps struct {
 	// Observe, when set, is called for every event the member or its
 	// resource records, from the actor's goroutine: it must not block.
 	Observe func(Transition)
+	// Metrics, when set, get the member's phase, term, failures and events.
+	Metrics *MemberMetrics
 }
 
 // Messages of the member actor.
@@ -260,10 +263,29 @@ func (a *memberActor) observed(ev events.Event, _ events.Ack) {
 	}
 }
 
+// transitionLevel is the log level of a member event: what an operator must
+// see (fencing, lost leadership, refusals) at warn, the life of the pair
+// (promotion, serving, hand-over, config) at info, the rest at debug.
+func transitionLevel(ev events.Event) slog.Level {
+	switch ev.(type) {
+	case *failover.HeartbeatFailed, *failover.FenceRequested, *failover.FenceFailed, *failover.PromoteFailed,
+		*failover.DemoteFailed, *failover.LeadershipLost, *failover.ConfigRejected, *failover.PromotionRejected,
+		*failover.AcquireFailed, *failover.SwitchoverRejected:
+		return slog.LevelWarn
+	case *failover.Started, *failover.Fenced, *failover.Promoted, *failover.Resumed, *failover.Unfenced,
+		*failover.ServingStarted, *failover.HeartbeatRecovered, *failover.DemotionRequested, *failover.Demoted,
+		*failover.Released, *failover.ConfigApplied, *failover.SwitchoverAccepted, *failover.AcquireAttempted:
+		return slog.LevelInfo
+	}
+	return slog.LevelDebug
+}
+
 func (a *memberActor) handle(r failover.Ready) {
 	for _, ev := range r.Events {
-		a.log.Debug("transition", "event", ev.EventType(), "phase", a.m.Phase(), "term", a.m.Term())
+		a.log.Log(context.Background(), transitionLevel(ev), "transition", "event", ev.EventType(), "detail", fmt.Sprintf("%+v", ev),
+			"phase", a.m.Phase().String(), "term", a.m.Term())
 	}
+	a.deps.Metrics.observe(a.cfg.Rules.Pair, a.cfg.Site, a.m, r.Events)
 	a.app.add(r.Events...)
 	for _, w := range r.Writes {
 		go a.write(w)

@@ -3,6 +3,9 @@ package runtime
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"understudy/actors/failover"
+	"understudy/events"
 )
 
 // metrics are a node's Prometheus metrics, in a registry of their own so
@@ -11,6 +14,7 @@ type metrics struct {
 	reg        *prometheus.Registry
 	provisions *prometheus.CounterVec
 	refused    *prometheus.GaugeVec
+	members    *MemberMetrics
 }
 
 // newMetrics registers the node's metrics; connected is read at each scrape.
@@ -45,6 +49,7 @@ func newMetrics(b BuildInfo, connected func() bool) *metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
+	m.members = NewMemberMetrics(m.reg)
 	return m
 }
 
@@ -57,5 +62,67 @@ func (m *metrics) observeProvision(p Provisioned, failed *ProvisionError) {
 	}
 	if failed != nil {
 		m.provisions.WithLabelValues(failed.Kind.String(), failed.Name, "failed").Inc()
+	}
+}
+
+// MemberMetrics are the failover members' gauges and counters, by pair and
+// site. One value serves every member of a node.
+type MemberMetrics struct {
+	serving  *prometheus.GaugeVec
+	term     *prometheus.GaugeVec
+	phase    *prometheus.GaugeVec
+	failures *prometheus.GaugeVec
+	events   *prometheus.CounterVec
+}
+
+// NewMemberMetrics registers the member metrics in reg.
+func NewMemberMetrics(reg prometheus.Registerer) *MemberMetrics {
+	m := &MemberMetrics{
+		serving: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "understudy_member_serving",
+			Help: "1 while the member serves (leads, unfenced), else 0.",
+		}, []string{"pair", "site"}),
+		term: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "understudy_member_term",
+			Help: "The member's leadership term.",
+		}, []string{"pair", "site"}),
+		phase: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "understudy_member_phase",
+			Help: "1 for the member's current phase, 0 for the others.",
+		}, []string{"pair", "site", "phase"}),
+		failures: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "understudy_member_heartbeat_failures",
+			Help: "Consecutive failed register writes of the member (fences at failure_threshold).",
+		}, []string{"pair", "site"}),
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "understudy_member_events_total",
+			Help: "Events the member recorded, by type.",
+		}, []string{"pair", "site", "type"}),
+	}
+	reg.MustRegister(m.serving, m.term, m.phase, m.failures, m.events)
+	return m
+}
+
+func (m *MemberMetrics) observe(pair, site string, mem *failover.Member, evs []events.Event) {
+	if m == nil || mem == nil {
+		return
+	}
+	serving := 0.0
+	if mem.Serving() {
+		serving = 1
+	}
+	m.serving.WithLabelValues(pair, site).Set(serving)
+	m.term.WithLabelValues(pair, site).Set(float64(mem.Term()))
+	m.failures.WithLabelValues(pair, site).Set(float64(mem.Failures()))
+	cur := mem.Phase()
+	for _, p := range failover.Phases() {
+		v := 0.0
+		if p == cur {
+			v = 1
+		}
+		m.phase.WithLabelValues(pair, site, p.String()).Set(v)
+	}
+	for _, ev := range evs {
+		m.events.WithLabelValues(pair, site, ev.EventType()).Inc()
 	}
 }

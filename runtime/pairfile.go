@@ -199,3 +199,14 @@ func resolvePairs(node string, pairs []PairMember, baseDir string) ([]MemberConf
 	}
 	return out, errs
 }
+
+// PairFileOf renders rules back into the pair file's shape (every key
+// written), for `understudy config get`.
+func PairFileOf(r failover.Rules) PairFile {
+	ft, st := r.FailureThreshold, r.SuccessThreshold
+	return PairFile{
+		Pair: r.Pair, Primary: r.Primary, Replica: r.Replica,
+		HeartbeatTimeout: r.HeartbeatTimeout.String(), FailureThreshold: &ft, SuccessThreshold: &st,
+		FailoverTimeout: r.FailoverTimeout.String(), FenceGrace: r.FenceGrace.String(), Failback: r.Failback.String(),
+	}
+}

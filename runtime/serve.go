@@ -146,7 +146,7 @@ func (n *node) run(ctx context.Context) error {
 	}
 	var host *Host
 	if len(s.members) > 0 {
-		host, err = StartHost(ctx, js, s.eventsStream, s.failoverBucket, s.members, HostOptions{Logger: n.log})
+		host, err = StartHost(ctx, js, s.eventsStream, s.failoverBucket, s.members, HostOptions{Logger: n.log, Metrics: n.metrics.members})
 		if err != nil {
 			return fmt.Errorf("runtime: members: %w", err)
 		}

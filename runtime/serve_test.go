@@ -307,3 +307,55 @@ func TestServeExternalNATSWithoutJetStream(t *testing.T) {
 		t.Fatalf("Serve after cancel: %v", err)
 	}
 }
+
+// A node hosting a pair logs the pair's life at info/warn (not only at
+// debug) and exports each member's phase, term and events.
+func TestServeMembersLogAndExportMetrics(t *testing.T) {
+	cfg := embeddedTestConfig(t)
+	cfg.Log.Level = "info"
+	cfg.Node = "site-a"
+	r := fastRules(t, "metrics-pair")
+	ft, st := r.FailureThreshold, r.SuccessThreshold
+	pf := PairFile{Pair: r.Pair, Primary: r.Primary, Replica: r.Replica, HeartbeatTimeout: r.HeartbeatTimeout.String(),
+		FailureThreshold: &ft, SuccessThreshold: &st, FailoverTimeout: r.FailoverTimeout.String(), FenceGrace: r.FenceGrace.String()}
+	cfg.Pairs = []PairMember{
+		{PairFile: pf, Member: "site-a", Procedures: recordedProcedures()},
+		{PairFile: pf, Member: "site-b", Procedures: recordedProcedures()},
+	}
+	s := startServe(t, cfg)
+	ready := s.rec.waitFor(t, "ready", 1, 10*time.Second)[0]
+	httpAddr := ready.Attrs["http"].String()
+
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var serving *logged
+		for _, l := range s.rec.matching("transition") {
+			if l.Attrs["event"].String() == "failover.serving_started" {
+				serving = &l
+			}
+		}
+		if serving != nil {
+			if serving.Level != slog.LevelInfo {
+				t.Errorf("serving_started logged at %v, want INFO", serving.Level)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no serving_started transition logged")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	m := scrape(t, "http://"+httpAddr+"/metrics")
+	for name, want := range map[string]float64{
+		`understudy_member_serving{pair="metrics-pair",site="site-a"}`:                               1,
+		`understudy_member_serving{pair="metrics-pair",site="site-b"}`:                               0,
+		`understudy_member_term{pair="metrics-pair",site="site-a"}`:                                  1,
+		`understudy_member_phase{pair="metrics-pair",phase="leader",site="site-a"}`:                  1,
+		`understudy_member_phase{pair="metrics-pair",phase="follower",site="site-b"}`:                1,
+		`understudy_member_events_total{pair="metrics-pair",site="site-a",type="failover.promoted"}`: 1,
+	} {
+		if m[name] != want {
+			t.Errorf("%s = %v, want %v", name, m[name], want)
+		}
+	}
+}

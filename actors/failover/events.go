@@ -41,6 +41,15 @@ func (p Phase) String() string {
 	return phaseNames[p]
 }
 
+// Phases lists every phase, in order.
+func Phases() []Phase {
+	out := make([]Phase, 0, len(phaseNames))
+	for p := PhaseStarting; int(p) < len(phaseNames); p++ {
+		out = append(out, p)
+	}
+	return out
+}
+
 // holds reports whether a member in this phase heartbeats the register.
 func (p Phase) holds() bool {
 	switch p {

@@ -102,7 +102,9 @@ type Member struct {
 
 	// Durable state, folded from events by Apply.
 	rules          Rules
-	rulesRev       uint64
+	rulesRev       uint64 // latest <pair>.config revision decided on
+	appliedRev     uint64 // latest revision applied (or found already in force)
+	rejectedRev    uint64 // latest revision refused
 	phase          Phase
 	term           uint64
 	then           AfterFence
@@ -206,6 +208,7 @@ func (m *Member) Failures() int { return m.failures }
 func (m *Member) Start(now time.Duration) Ready {
 	*m = Member{
 		site: m.site, opts: m.opts, rules: m.rules, rulesRev: m.rulesRev,
+		appliedRev: m.appliedRev, rejectedRev: m.rejectedRev,
 		term: m.term, procSeq: m.procSeq, lostTerm: m.lostTerm, lastSwitchover: m.lastSwitchover,
 		now: now,
 	}
@@ -336,9 +339,9 @@ func (m *Member) Apply(ev events.Event) {
 	case *Released:
 		m.phase, m.handoff = PhaseFollower, ""
 	case *ConfigApplied:
-		m.rules, m.rulesRev = e.Rules, e.Rev
+		m.rules, m.rulesRev, m.appliedRev = e.Rules, e.Rev, e.Rev
 	case *ConfigRejected:
-		m.rulesRev = e.Rev
+		m.rulesRev, m.rejectedRev = e.Rev, e.Rev
 	case *SwitchoverAccepted:
 		m.lastSwitchover = e.ID
 	case *SwitchoverRejected:
@@ -430,7 +433,7 @@ func (m *Member) writeRegister() {
 func (m *Member) writeMemberBeat() {
 	m.memberBeat++
 	ready := m.phase == PhaseFollower && m.memberOK >= m.rules.SuccessThreshold
-	hb := Heartbeat{Site: m.site, Beat: m.memberBeat, Phase: m.phase, Ready: ready}
+	hb := Heartbeat{Site: m.site, Beat: m.memberBeat, Phase: m.phase, Ready: ready, RulesRev: m.appliedRev, RejectedRev: m.rejectedRev}
 	w := Write{Op: m.nextOp(), Kind: WriteMemberBeat, Key: HeartbeatKey(m.rules.Pair, m.site), Put: true,
 		Beat: hb, Value: EncodeHeartbeat(hb), Deadline: m.now + m.rules.HeartbeatTimeout}
 	m.memberOp, m.memberDue = w.Op, w.Deadline
@@ -792,7 +795,7 @@ func (m *Member) onConfig(c ConfigObserved) {
 			return
 		}
 		if r == m.rules {
-			m.rulesRev = c.Rev // already in force (the pair file's own rules)
+			m.rulesRev, m.appliedRev = c.Rev, c.Rev // already in force (the pair file's own rules)
 			return
 		}
 		m.emit(&ConfigApplied{Rev: c.Rev, Rules: r})

@@ -61,6 +61,11 @@ type Heartbeat struct {
 	// leader hands back only to a ready preferred primary, so a primary on a
 	// still-degraded link is not handed leadership it would lose again.
 	Ready bool `msgpack:"r"`
+	// RulesRev is the revision of <pair>.config whose rules the member
+	// applies (0: its pair file's, no config seen yet); RejectedRev the
+	// latest revision it refused. Status shows both against the key.
+	RulesRev    uint64 `msgpack:"c,omitempty"`
+	RejectedRev uint64 `msgpack:"x,omitempty"`
 }
 
 // Switchover is an operator's request to move leadership to To.

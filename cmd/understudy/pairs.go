@@ -110,15 +110,23 @@ type PairStatus struct {
 	ServerTime time.Time             `json:"server_time"`
 }
 
-// SiteStatus is a member's own heartbeat.
+// SiteStatus is a member's own heartbeat. The holder of the register
+// beats through the register instead: its entry then has Source
+// "register" and the register write's age.
 type SiteStatus struct {
-	Phase string  `json:"phase"`
-	Ready bool    `json:"ready"`
-	Age   float64 `json:"age_s"`
+	Phase  string  `json:"phase"`
+	Ready  bool    `json:"ready"`
+	Age    float64 `json:"age_s"`
+	Source string  `json:"source"` // "heartbeat" (<pair>.hb.<site>) or "register" (<pair>.leader)
+	// RulesRev is the <pair>.config revision whose rules the member
+	// applies (0: its pair file's); RejectedRev the latest it refused.
+	RulesRev    uint64 `json:"rules_rev"`
+	RejectedRev uint64 `json:"rejected_rev,omitempty"`
 }
 
-// RulesStatus are the rules in <pair>.config.
+// RulesStatus are the rules in <pair>.config, at revision Rev.
 type RulesStatus struct {
+	Rev              uint64  `json:"rev"`
 	Primary          string  `json:"primary"`
 	Replica          string  `json:"replica"`
 	HeartbeatTimeout float64 `json:"heartbeat_timeout_s"`
@@ -155,18 +163,13 @@ func newStatusCmd(stdout io.Writer) *cobra.Command {
 				}
 				return fmt.Errorf("no pair in bucket %s yet", nf.bucket)
 			}
-			// A probe write gives the server's current time, so ages do
-			// not depend on this machine's clock.
-			if _, err := kv.Put(ctx, "_status.probe", []byte("x")); err != nil {
-				return fmt.Errorf("probe write: %w", err)
-			}
-			probe, err := kv.Get(ctx, "_status.probe")
+			now, err := serverTime(ctx, nc, nf.bucket)
 			if err != nil {
-				return fmt.Errorf("probe read: %w", err)
+				return err
 			}
 			var out []PairStatus
 			for _, p := range pairs {
-				st, err := pairStatus(ctx, kv, p, probe.Time)
+				st, err := pairStatus(ctx, kv, p, now)
 				if err != nil {
 					return err
 				}
@@ -187,6 +190,28 @@ func newStatusCmd(stdout io.Writer) *cobra.Command {
 	cmd.Flags().StringVar(&pair, "pair", "", "show only this pair")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// serverTime is the NATS server's current time, read from the bucket's
+// stream info (a read: status needs no write permission), so ages do not
+// depend on this machine's clock.
+func serverTime(ctx context.Context, nc *nats.Conn, bucket string) (time.Time, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return time.Time{}, err
+	}
+	st, err := js.Stream(ctx, "KV_"+bucket)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("bucket %s: %w", bucket, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("bucket %s: stream info: %w", bucket, err)
+	}
+	if info.TimeStamp.IsZero() {
+		return time.Time{}, fmt.Errorf("bucket %s: the server's stream info carries no timestamp (NATS server older than 2.10?)", bucket)
+	}
+	return info.TimeStamp.UTC(), nil
 }
 
 // pairsIn lists the pairs with a leadership register (or only want).
@@ -232,7 +257,7 @@ func pairStatus(ctx context.Context, kv events.KV, pair string, now time.Time) (
 	}
 	if e, err := kv.Get(ctx, failover.ConfigKey(pair)); err == nil {
 		if r, err := failover.DecodeRules(e.Value); err == nil {
-			st.Rules = &RulesStatus{Primary: r.Primary, Replica: r.Replica, HeartbeatTimeout: r.HeartbeatTimeout.Seconds(),
+			st.Rules = &RulesStatus{Rev: e.Revision, Primary: r.Primary, Replica: r.Replica, HeartbeatTimeout: r.HeartbeatTimeout.Seconds(),
 				FailureThreshold: r.FailureThreshold, SuccessThreshold: r.SuccessThreshold, FailoverTimeout: r.FailoverTimeout.Seconds(),
 				FenceGrace: r.FenceGrace.Seconds(), Failback: r.Failback.String()}
 		}
@@ -251,8 +276,19 @@ func pairStatus(ctx context.Context, kv events.KV, pair string, now time.Time) (
 			continue
 		}
 		if h, err := failover.DecodeHeartbeat(e.Value); err == nil {
-			st.Heartbeats[h.Site] = SiteStatus{Phase: h.Phase.String(), Ready: h.Ready, Age: now.Sub(e.Time).Seconds()}
+			st.Heartbeats[h.Site] = SiteStatus{Phase: h.Phase.String(), Ready: h.Ready, Age: now.Sub(e.Time).Seconds(),
+				Source: "heartbeat", RulesRev: h.RulesRev, RejectedRev: h.RejectedRev}
 		}
+	}
+	if st.Leader != "" {
+		// The holder's own heartbeat key stops when it leads: its
+		// heartbeat is the register.
+		h := st.Heartbeats[st.Leader]
+		h.Phase, h.Ready, h.Age, h.Source = "leader", false, st.LeaderAge, "register"
+		if st.Fenced {
+			h.Phase = "leader (fenced)"
+		}
+		st.Heartbeats[st.Leader] = h
 	}
 	return st, nil
 }
@@ -275,11 +311,24 @@ func printStatus(w io.Writer, st PairStatus) {
 	slices.Sort(sites)
 	for _, s := range sites {
 		h := st.Heartbeats[s]
-		fmt.Fprintf(w, "  %-8s own heartbeat %.1fs ago, phase %s, ready %v\n", s, h.Age, h.Phase, h.Ready)
+		rules := ""
+		if r := st.Rules; r != nil && h.Source == "heartbeat" {
+			switch {
+			case h.RejectedRev == r.Rev:
+				rules = fmt.Sprintf(", REFUSED rules rev %d (applies rev %d)", r.Rev, h.RulesRev)
+			case h.RulesRev != r.Rev && h.Source == "heartbeat":
+				rules = fmt.Sprintf(", applies rules rev %d (not yet %d)", h.RulesRev, r.Rev)
+			}
+		}
+		if h.Source == "register" {
+			fmt.Fprintf(w, "  %-8s %s, beats through the register (%.1fs ago)%s\n", s, h.Phase, h.Age, rules)
+		} else {
+			fmt.Fprintf(w, "  %-8s own heartbeat %.1fs ago, phase %s, ready %v%s\n", s, h.Age, h.Phase, h.Ready, rules)
+		}
 	}
 	if r := st.Rules; r != nil {
-		fmt.Fprintf(w, "  rules    primary %s, replica %s, heartbeat_timeout %gs, failure_threshold %d, success_threshold %d, failover_timeout %gs, fence_grace %gs, failback %s\n",
-			r.Primary, r.Replica, r.HeartbeatTimeout, r.FailureThreshold, r.SuccessThreshold, r.FailoverTimeout, r.FenceGrace, r.Failback)
+		fmt.Fprintf(w, "  rules    rev %d: primary %s, replica %s, heartbeat_timeout %gs, failure_threshold %d, success_threshold %d, failover_timeout %gs, fence_grace %gs, failback %s\n",
+			r.Rev, r.Primary, r.Replica, r.HeartbeatTimeout, r.FailureThreshold, r.SuccessThreshold, r.FailoverTimeout, r.FenceGrace, r.Failback)
 	}
 }
 
