@@ -46,6 +46,10 @@ func Serve(ctx context.Context, cfg Config) error {
 			out = os.Stderr
 		}
 		log = NewLogger(out, s.logLevel, s.logFormat)
+		// The process's own logger: libraries that log to slog's default
+		// (the actor engine reports panics and restarts there) follow the
+		// node's level and format.
+		slog.SetDefault(log.With("component", "library"))
 	}
 	n := &node{log: log, s: s}
 	n.metrics = newMetrics(ReadBuildInfo(), n.connected)

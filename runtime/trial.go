@@ -75,6 +75,9 @@ type TrialSummary struct {
 	ServingMS            float64    `json:"serving_ms"`   // last primary heartbeat → replica serving
 	FailoverTimeoutMS    float64    `json:"failover_timeout_ms"`
 	HeartbeatTimeoutMS   float64    `json:"heartbeat_timeout_ms"`
+	// Unreadable lists the records the summary could not decode (subject
+	// or key, sequence or revision, error): reported, never skipped silently.
+	Unreadable []string `json:"unreadable,omitempty"`
 }
 
 // trialProcedures stand in for a database: every chain succeeds at once.
@@ -237,6 +240,9 @@ func collectTrial(ctx context.Context, js jetstream.JetStream, kv events.KV, opt
 	for _, e := range hist {
 		l, err := failover.DecodeLeader(e.Value)
 		if err != nil {
+			if e.Op == events.OpPut {
+				sum.Unreadable = append(sum.Unreadable, fmt.Sprintf("%s revision %d: %v", failover.LeaderKey(r.Pair), e.Revision, err))
+			}
 			continue
 		}
 		if l.Site == r.Primary && sum.PromotedAt == nil {
@@ -263,6 +269,7 @@ func collectTrial(ctx context.Context, js jetstream.JetStream, kv events.KV, opt
 		}
 		ev, err := evlog.Codec().DecodeRecord(rec)
 		if err != nil {
+			sum.Unreadable = append(sum.Unreadable, fmt.Sprintf("%s sequence %d: %v", rec.Subject, rec.Sequence, err))
 			continue
 		}
 		t := rec.Time

@@ -64,7 +64,9 @@ failover from it.`,
 			if asJSON {
 				live = stderr
 			}
-			return runDemo(cmd.Context(), rules, killAfter, dataDir, out, asJSON, stdout, live, runtime.NewLogger(stderr, level, runtime.LogText))
+			logger := runtime.NewLogger(stderr, level, runtime.LogText)
+			slog.SetDefault(logger.With("component", "library")) // the actor engine logs to the default
+			return runDemo(cmd.Context(), rules, killAfter, dataDir, out, asJSON, stdout, live, logger)
 		},
 	}
 	f := cmd.Flags()
@@ -164,5 +166,8 @@ func printSummary(w io.Writer, s runtime.TrialSummary, start time.Time) {
 	fmt.Fprintf(w, "  %s serving                %s  (%.0f ms after the last primary heartbeat)\n", s.Replica, at(s.ServingAt), s.ServingMS)
 	if s.Promoted == "" {
 		fmt.Fprintf(w, "  NO PROMOTION happened within the wait window\n")
+	}
+	for _, u := range s.Unreadable {
+		fmt.Fprintf(w, "  UNREADABLE record left out of the summary: %s\n", u)
 	}
 }
