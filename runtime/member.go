@@ -267,6 +267,9 @@ func (a *memberActor) observed(ev events.Event, _ events.Ack) {
 // see (fencing, lost leadership, refusals) at warn, the life of the pair
 // (promotion, serving, hand-over, config) at info, the rest at debug.
 func transitionLevel(ev events.Event) slog.Level {
+	if f, ok := ev.(*failover.FenceRequested); ok && f.Reason == failover.FenceRestart {
+		return slog.LevelInfo // every start comes up fenced
+	}
 	switch ev.(type) {
 	case *failover.HeartbeatFailed, *failover.FenceRequested, *failover.FenceFailed, *failover.PromoteFailed,
 		*failover.DemoteFailed, *failover.LeadershipLost, *failover.ConfigRejected, *failover.PromotionRejected,
