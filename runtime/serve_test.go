@@ -345,17 +345,28 @@ func TestServeMembersLogAndExportMetrics(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	m := scrape(t, "http://"+httpAddr+"/metrics")
-	for name, want := range map[string]float64{
+	want := map[string]float64{
 		`understudy_member_serving{pair="metrics-pair",site="site-a"}`:                               1,
 		`understudy_member_serving{pair="metrics-pair",site="site-b"}`:                               0,
 		`understudy_member_term{pair="metrics-pair",site="site-a"}`:                                  1,
 		`understudy_member_phase{pair="metrics-pair",phase="leader",site="site-a"}`:                  1,
 		`understudy_member_phase{pair="metrics-pair",phase="follower",site="site-b"}`:                1,
 		`understudy_member_events_total{pair="metrics-pair",site="site-a",type="failover.promoted"}`: 1,
-	} {
-		if m[name] != want {
-			t.Errorf("%s = %v, want %v", name, m[name], want)
+	}
+	// The replica may still be finishing its start-up fence: poll.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		m := scrape(t, "http://"+httpAddr+"/metrics")
+		var off []string
+		for name, v := range want {
+			if m[name] != v {
+				off = append(off, fmt.Sprintf("%s = %v, want %v", name, m[name], v))
+			}
+		}
+		if len(off) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics after 5s: %v", off)
 		}
 	}
 }
