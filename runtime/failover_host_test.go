@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -686,5 +687,64 @@ func TestConflictingMemberFencesBeforeStopping(t *testing.T) {
 	}
 	if after.Revision != before.Revision {
 		t.Errorf("the register moved from revision %d to %d after the member stopped", before.Revision, after.Revision)
+	}
+}
+
+// failingCheck fails the steps named "check" and records the others.
+type failingCheck struct{ stepRecorder }
+
+func (f *failingCheck) Run(ctx context.Context, step procedure.StepSpec) procedure.Outcome {
+	f.stepRecorder.Run(ctx, step)
+	if step.Name == "check" {
+		return procedure.Outcome{Result: procedure.ResultFailed, ExitCode: 1, Detail: "pg_isready: no response"}
+	}
+	return procedure.Outcome{Result: procedure.ResultOK}
+}
+
+// A serving leader whose database fails its checks hands over to the
+// ready replica, on a real JetStream, and says why.
+func TestFailedChecksHandOver(t *testing.T) {
+	t.Parallel()
+	fn := startFailoverNATS(t)
+	r := fastRules(t, "check-pair")
+	tr := newTransitions()
+	procs := recordedProcedures()
+	procs.Check = procedure.ChainSpec{Steps: []procedure.StepSpec{{Name: "check", Driver: "exec", Timeout: 100 * time.Millisecond, Exec: &procedure.ExecSpec{Command: "true"}}}}
+	for _, site := range []string{r.Primary, r.Replica} {
+		nc := connectTo(t, "nats://"+fn.addr)
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		drv := procedure.Drivers{"exec": &stepRecorder{}}
+		if site == r.Primary {
+			drv = procedure.Drivers{"exec": &failingCheck{}}
+		}
+		h, err := StartHost(context.Background(), js, fn.names.EventsStream, fn.names.FailoverBucket,
+			[]MemberConfig{{Rules: r, Site: site, Procedures: procs, Options: failover.Options{CheckInterval: 200 * time.Millisecond, CheckFailures: 2}}},
+			HostOptions{Logger: slog.New(slog.DiscardHandler), Drivers: drv, Observe: tr.observe})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.Stop(context.Background()) })
+	}
+	tr.waitFor(t, r.Primary, "failover.serving_started", 1, 5*time.Second)
+	// Until the replica heartbeats ready, the leader keeps leading (and
+	// says so); then the next failed check hands over.
+	var failed *failover.CheckFailed
+	for n := 2; failed == nil || !failed.HandOver; n++ {
+		if n > 20 {
+			t.Fatalf("no hand-over after %d failed checks; last %+v", n-1, failed)
+		}
+		failed = tr.waitFor(t, r.Primary, "failover.check_failed", n, 5*time.Second).Event.(*failover.CheckFailed)
+	}
+	if failed.Failures < 2 || !strings.Contains(failed.Detail, "pg_isready") {
+		t.Errorf("hand-over check_failed: %+v", failed)
+	}
+	tr.waitFor(t, r.Replica, "failover.serving_started", 1, 5*time.Second)
+	if l, err := fn.kv.Get(context.Background(), failover.LeaderKey(r.Pair)); err != nil {
+		t.Fatal(err)
+	} else if ld, _ := failover.DecodeLeader(l.Value); ld.Site != r.Replica {
+		t.Errorf("register after the hand-over: %+v", ld)
 	}
 }

@@ -131,6 +131,11 @@ type PairMember struct {
 	PairFile   `yaml:",inline"`
 	Member     string         `yaml:"member"`
 	Procedures procedure.Spec `yaml:"procedures"`
+	// CheckInterval ("10s"), when set, makes the member run its check
+	// chain that often while it serves; CheckFailures (default 3) failed
+	// checks in a row hand leadership to a ready replica.
+	CheckInterval string `yaml:"check_interval"`
+	CheckFailures int    `yaml:"check_failures"`
 }
 
 // resolvePairs validates a node file's pairs into member configurations.
@@ -189,13 +194,34 @@ func resolvePairs(node string, pairs []PairMember, baseDir string) ([]MemberConf
 			errs = append(errs, &ConfigError{Field: field + "." + ce.Field, Rule: ce.Rule + " (procedures.fence)", Value: ce.Value})
 			continue
 		}
+		var opts failover.Options
+		if pm.CheckInterval != "" {
+			d, err := time.ParseDuration(pm.CheckInterval)
+			switch {
+			case err != nil:
+				errs = append(errs, &ConfigError{Field: field + ".check_interval", Rule: `must be a duration such as "10s"`, Value: pm.CheckInterval})
+				continue
+			case d < rules.HeartbeatTimeout:
+				errs = append(errs, &ConfigError{Field: field + ".check_interval", Rule: "must be at least heartbeat_timeout (" + rules.HeartbeatTimeout.String() + ")", Value: pm.CheckInterval})
+				continue
+			case len(pm.Procedures.Check.Steps) == 0:
+				errs = append(errs, &ConfigError{Field: field + ".procedures.check.steps", Rule: "must have at least one step when check_interval is set"})
+				continue
+			}
+			opts.CheckInterval = d
+		}
+		if pm.CheckFailures < 0 || pm.CheckFailures > failover.MaxThreshold {
+			errs = append(errs, &ConfigError{Field: field + ".check_failures", Rule: "must be between 1 and " + strconv.Itoa(failover.MaxThreshold) + " (0: the default, 3)", Value: strconv.Itoa(pm.CheckFailures)})
+			continue
+		}
+		opts.CheckFailures = pm.CheckFailures
 		key := rules.Pair + "/" + site
 		if seen[key] {
 			errs = append(errs, &ConfigError{Field: field, Rule: "each pair member may be hosted once per node", Value: key})
 			continue
 		}
 		seen[key] = true
-		out = append(out, MemberConfig{Rules: rules, Site: site, Procedures: pm.Procedures})
+		out = append(out, MemberConfig{Rules: rules, Site: site, Procedures: pm.Procedures, Options: opts})
 	}
 	return out, errs
 }

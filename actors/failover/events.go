@@ -139,6 +139,7 @@ const (
 	DemoteSwitchover                            // an operator asked for it
 	DemotePromoteFailed                         // the promote procedure failed
 	DemoteShutdown                              // the host is stopping
+	DemoteCheckFailed                           // the serving resource failed its health checks
 )
 
 func (r DemoteReason) String() string {
@@ -151,6 +152,8 @@ func (r DemoteReason) String() string {
 		return "promote-failed"
 	case DemoteShutdown:
 		return "shutdown"
+	case DemoteCheckFailed:
+		return "check-failed"
 	}
 	return "unset"
 }
@@ -308,6 +311,22 @@ type SwitchoverAccepted struct {
 	To string `msgpack:"to"`
 }
 
+// CheckFailed: the serving resource failed a health check (the check
+// chain) Failures times in a row. HandOver says the leader steps down for
+// it; when the other member is not ready it keeps leading (Detail says so).
+type CheckFailed struct {
+	Seq      uint64 `msgpack:"seq"`
+	Failures int    `msgpack:"n"`
+	Detail   string `msgpack:"detail"`
+	HandOver bool   `msgpack:"handover"`
+}
+
+// CheckRecovered: a health check passed after failures.
+type CheckRecovered struct {
+	Seq           uint64 `msgpack:"seq"`
+	AfterFailures int    `msgpack:"after"`
+}
+
 // SwitchoverRejected: the leader refused a switchover request and keeps
 // leading. Reason says why (the target is not heartbeating ready).
 type SwitchoverRejected struct {
@@ -339,6 +358,8 @@ func (*ConfigApplied) EventType() string      { return "failover.config_applied"
 func (*ConfigRejected) EventType() string     { return "failover.config_rejected" }
 func (*SwitchoverAccepted) EventType() string { return "failover.switchover_accepted" }
 func (*SwitchoverRejected) EventType() string { return "failover.switchover_rejected" }
+func (*CheckFailed) EventType() string        { return "failover.check_failed" }
+func (*CheckRecovered) EventType() string     { return "failover.check_recovered" }
 
 // RegisterEvents adds the member's event types (schema version 1) to reg.
 func RegisterEvents(reg *events.Registry) error {
@@ -348,6 +369,7 @@ func RegisterEvents(reg *events.Registry) error {
 		&AcquireFailed{}, &Resumed{}, &Unfenced{}, &ServingStarted{}, &PromoteFailed{},
 		&LeadershipLost{}, &DemotionRequested{}, &Demoted{}, &DemoteFailed{}, &Released{},
 		&ConfigApplied{}, &ConfigRejected{}, &SwitchoverAccepted{}, &SwitchoverRejected{},
+		&CheckFailed{}, &CheckRecovered{},
 	} {
 		if err := reg.Register(ev, 1); err != nil {
 			return err

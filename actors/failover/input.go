@@ -90,6 +90,7 @@ const (
 	ProcFence ProcKind = iota + 1
 	ProcPromote
 	ProcDemote
+	ProcCheck // a read-only health probe of the serving resource
 )
 
 func (k ProcKind) String() string {
@@ -100,6 +101,8 @@ func (k ProcKind) String() string {
 		return "promote"
 	case ProcDemote:
 		return "demote"
+	case ProcCheck:
+		return "check"
 	}
 	return "unset"
 }

@@ -80,6 +80,12 @@ type Options struct {
 	// being fenced within fence_grace; rules (at start or changed in KV)
 	// that do not are refused. Zero skips the check.
 	FenceBudget time.Duration
+	// CheckInterval, when positive, makes a serving leader run its
+	// resource's check chain that often; CheckFailures consecutive failed
+	// checks (default 3) make it hand over to the other member if that one
+	// is ready. Zero disables checks.
+	CheckInterval time.Duration
+	CheckFailures int
 }
 
 type pendingWrite struct {
@@ -140,6 +146,11 @@ type Member struct {
 	prefCount    int
 	prefLast     time.Time
 	memberOK     int           // consecutive own heartbeats acknowledged in time
+	checkSeq     uint64        // last check requested (its own sequence: checks are not durable)
+	checkWait    bool          // a check is running
+	checkDue     time.Duration // local time of the next check
+	checkFails   int           // consecutive failed checks
+	checkHold    bool          // handed over for failed checks: not ready until a check passes
 	peerReady    int           // consecutive ready heartbeats of the other site, gaps <= 2 heartbeat_timeout
 	peerLast     time.Time     // server time of the other site's last heartbeat
 	peerSeenAt   time.Duration // local time it was observed
@@ -208,7 +219,7 @@ func (m *Member) Failures() int { return m.failures }
 func (m *Member) Start(now time.Duration) Ready {
 	*m = Member{
 		site: m.site, opts: m.opts, rules: m.rules, rulesRev: m.rulesRev,
-		appliedRev: m.appliedRev, rejectedRev: m.rejectedRev,
+		appliedRev: m.appliedRev, rejectedRev: m.rejectedRev, checkHold: m.checkHold,
 		term: m.term, procSeq: m.procSeq, lostTerm: m.lostTerm, lastSwitchover: m.lastSwitchover,
 		now: now,
 	}
@@ -276,6 +287,9 @@ func (m *Member) NextWake() time.Duration {
 	}
 	if m.fenceFailed {
 		consider(m.fenceRetryAt)
+	}
+	if m.checkDue > 0 && !m.checkWait {
+		consider(m.checkDue)
 	}
 	if m.phase == PhaseFollower && m.synced {
 		consider(m.leaderSeenAt + m.rules.FailoverTimeout + 1)
@@ -346,6 +360,10 @@ func (m *Member) Apply(ev events.Event) {
 		m.lastSwitchover = e.ID
 	case *SwitchoverRejected:
 		m.lastSwitchover = e.ID
+	case *CheckFailed:
+		m.checkHold = m.checkHold || e.HandOver
+	case *CheckRecovered:
+		m.checkHold = false
 	}
 }
 
@@ -398,6 +416,7 @@ func (m *Member) tick() {
 	case PhaseLeader:
 		m.maybeFailback()
 	}
+	m.maybeCheck()
 }
 
 // advance keeps a fixed cadence: the next write is one interval after the
@@ -432,7 +451,7 @@ func (m *Member) writeRegister() {
 
 func (m *Member) writeMemberBeat() {
 	m.memberBeat++
-	ready := m.phase == PhaseFollower && m.memberOK >= m.rules.SuccessThreshold
+	ready := m.phase == PhaseFollower && m.memberOK >= m.rules.SuccessThreshold && !m.checkHold
 	hb := Heartbeat{Site: m.site, Beat: m.memberBeat, Phase: m.phase, Ready: ready, RulesRev: m.appliedRev, RejectedRev: m.rejectedRev}
 	w := Write{Op: m.nextOp(), Kind: WriteMemberBeat, Key: HeartbeatKey(m.rules.Pair, m.site), Put: true,
 		Beat: hb, Value: EncodeHeartbeat(hb), Deadline: m.now + m.rules.HeartbeatTimeout}
@@ -836,7 +855,74 @@ func (m *Member) peerNotReady() string {
 	return ""
 }
 
+// maybeCheck runs the check chain of a serving leader every CheckInterval.
+//
+// A member that handed over for failed checks keeps checking as a
+// follower and says it is not ready (so no failback or switchover comes
+// back to it) until a check passes.
+func (m *Member) maybeCheck() {
+	active := m.phase == PhaseLeader || (m.phase == PhaseFollower && m.checkHold)
+	if m.opts.CheckInterval <= 0 || !active {
+		m.checkWait, m.checkFails, m.checkDue = false, 0, 0
+		return
+	}
+	if m.checkDue == 0 {
+		m.checkDue = m.now + m.opts.CheckInterval // first check one interval after serving
+		return
+	}
+	if m.checkWait || m.now < m.checkDue {
+		return
+	}
+	m.checkSeq++
+	m.checkWait = true
+	m.out.Procedures = append(m.out.Procedures, Procedure{Kind: ProcCheck, Seq: m.checkSeq})
+}
+
+func (m *Member) onCheck(r ProcedureResult) {
+	if r.Seq != m.checkSeq || !m.checkWait {
+		return
+	}
+	m.checkWait = false
+	m.checkDue = m.now + m.opts.CheckInterval
+	if m.phase == PhaseFollower && m.checkHold {
+		if r.OK {
+			m.emit(&CheckRecovered{Seq: r.Seq})
+		}
+		return
+	}
+	if m.phase != PhaseLeader {
+		return
+	}
+	if r.OK {
+		if m.checkFails > 0 {
+			m.emit(&CheckRecovered{Seq: r.Seq, AfterFailures: m.checkFails})
+		}
+		m.checkFails = 0
+		return
+	}
+	m.checkFails++
+	limit := m.opts.CheckFailures
+	if limit <= 0 {
+		limit = 3
+	}
+	if m.checkFails < limit {
+		m.emit(&CheckFailed{Seq: r.Seq, Failures: m.checkFails, Detail: r.Detail})
+		return
+	}
+	if reason := m.peerNotReady(); reason != "" {
+		m.emit(&CheckFailed{Seq: r.Seq, Failures: m.checkFails, Detail: r.Detail + "; keeps leading: " + reason})
+		return
+	}
+	m.emit(&CheckFailed{Seq: r.Seq, Failures: m.checkFails, Detail: r.Detail, HandOver: true})
+	m.checkFails = 0
+	m.demote(DemoteCheckFailed, m.rules.Other(m.site))
+}
+
 func (m *Member) onProcedure(r ProcedureResult) {
+	if r.Kind == ProcCheck {
+		m.onCheck(r)
+		return
+	}
 	if r.Seq != m.procSeq || r.Kind != m.procKind {
 		return // superseded by a later procedure
 	}

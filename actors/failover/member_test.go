@@ -84,7 +84,7 @@ func TestTranscripts(t *testing.T) {
 			case "pair":
 				rules := rulesFrom(DefaultRules("pg-main", "site-a", "site-b"))
 				_, unsafe := arg("unsafe")
-				opts := Options{AllowUnsafe: unsafe}
+				opts := Options{AllowUnsafe: unsafe, CheckInterval: dur("check", 0), CheckFailures: num("checkfails", 0)}
 				if err := checkRules(rules, opts); err != nil {
 					return "error: " + err.Error()
 				}
@@ -130,11 +130,11 @@ func TestTranscripts(t *testing.T) {
 				}
 			case "proc":
 				n := site()
-				kinds := map[string]ProcKind{"fence": ProcFence, "promote": ProcPromote, "demote": ProcDemote}
+				kinds := map[string]ProcKind{"fence": ProcFence, "promote": ProcPromote, "demote": ProcDemote, "check": ProcCheck}
 				k, _ := arg("kind")
 				kind, ok := kinds[k]
 				if !ok {
-					d.Fatalf(t, "kind must be fence, promote or demote")
+					d.Fatalf(t, "kind must be fence, promote, demote or check")
 				}
 				b := n.procs[kind]
 				b.delay = dur("delay", b.delay)

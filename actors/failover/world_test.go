@@ -93,6 +93,7 @@ func newWorld(t *testing.T, rules Rules, opts Options, out *strings.Builder) *wo
 			ProcFence:   {delay: 500 * time.Millisecond},
 			ProcPromote: {delay: 200 * time.Millisecond},
 			ProcDemote:  {delay: 200 * time.Millisecond},
+			ProcCheck:   {delay: 50 * time.Millisecond},
 		}}
 	}
 	w.put(ConfigKey(rules.Pair), EncodeRules(rules))
