@@ -47,13 +47,9 @@ func newConfigGetCmd(stdout io.Writer) *cobra.Command {
 				return err
 			}
 			defer nc.Close()
-			e, err := kv.Get(ctx, failover.ConfigKey(pair))
+			r, e, err := readRules(ctx, kv, pair)
 			if err != nil {
-				return fmt.Errorf("pair %s: %s: %w", pair, failover.ConfigKey(pair), err)
-			}
-			r, err := failover.DecodeRules(e.Value)
-			if err != nil {
-				return fmt.Errorf("pair %s: %s revision %d: %w", pair, failover.ConfigKey(pair), e.Revision, err)
+				return err
 			}
 			if asJSON {
 				enc := json.NewEncoder(stdout)

@@ -66,6 +66,19 @@ func (f *natsFlags) connect(ctx context.Context) (*nats.Conn, events.KV, error) 
 	return nc, kv, nil
 }
 
+// readRules reads the pair's rules in force from <pair>.config.
+func readRules(ctx context.Context, kv events.KV, pair string) (failover.Rules, events.Entry, error) {
+	e, err := kv.Get(ctx, failover.ConfigKey(pair))
+	if err != nil {
+		return failover.Rules{}, e, fmt.Errorf("pair %s: no rules in %s: %w", pair, failover.ConfigKey(pair), err)
+	}
+	r, err := failover.DecodeRules(e.Value)
+	if err != nil {
+		return failover.Rules{}, e, fmt.Errorf("pair %s: %s revision %d: %w", pair, failover.ConfigKey(pair), e.Revision, err)
+	}
+	return r, e, nil
+}
+
 // watchSwitchoverRejection tails the pair's member events from the
 // request's time and delivers the leader's refusal of req, if it comes.
 // Without access to the event stream it delivers nothing (the register
@@ -351,13 +364,9 @@ func newSwitchoverCmd(stdout io.Writer) *cobra.Command {
 				return err
 			}
 			defer nc.Close()
-			ce, err := kv.Get(ctx, failover.ConfigKey(pair))
+			rules, _, err := readRules(ctx, kv, pair)
 			if err != nil {
-				return fmt.Errorf("pair %s: no rules in %s: %w", pair, failover.ConfigKey(pair), err)
-			}
-			rules, err := failover.DecodeRules(ce.Value)
-			if err != nil {
-				return fmt.Errorf("pair %s: rules: %w", pair, err)
+				return err
 			}
 			if !rules.Has(to) {
 				return &usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--to %s: not a member of pair %s (%s, %s)", to, pair, rules.Primary, rules.Replica)}
