@@ -46,6 +46,18 @@ type AppendOptions struct {
 	Headers map[string]string
 }
 
+// HeaderQueued is the header an appender may store with an event: how
+// long the event waited on its node — queued behind earlier appends, or
+// retried after timeouts — before the append attempt that stored it was
+// sent, in nanoseconds of the node's monotonic clock (decimal; absent: not
+// measured, or no wait). The record's server timestamp minus it is when
+// the event happened, to within the one-way latency of that attempt: a
+// fact recorded while its member was cut off from NATS is dated when it
+// happened, not when it could finally be appended. Readers must treat it as
+// an estimate (a monotonic clock may jump forward) and never move a
+// record's server timestamp for anything that must be conservative.
+const HeaderQueued = "Understudy-Queued-Ns"
+
 // Expect returns options expecting the subject's last sequence to be seq.
 func Expect(seq uint64) AppendOptions {
 	return AppendOptions{ExpectLastSubjectSeq: seq, ExpectSet: true}

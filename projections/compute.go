@@ -48,6 +48,9 @@ func (c *computation) run() *Report {
 	c.window()
 
 	c.evs = slices.Clone(f.evs)
+	if f.backdated {
+		keepSubjectOrder(c.evs)
+	}
 	slices.SortStableFunc(c.evs, func(a, b eventRec) int {
 		if n := a.t.Compare(b.t); n != 0 {
 			return n
@@ -83,6 +86,27 @@ func (c *computation) run() *Report {
 	c.timeline()
 	c.records()
 	return r
+}
+
+// keepSubjectOrder makes the times of each subject's events non-decreasing
+// in sequence order. A member produces its events in that order; dating
+// them by when they landed less their wait on the node can invert two close
+// ones, as the one-way latency of their appends differs.
+func keepSubjectOrder(evs []eventRec) {
+	slices.SortFunc(evs, func(a, b eventRec) int {
+		if n := cmp.Compare(a.subject, b.subject); n != 0 {
+			return n
+		}
+		if n := cmp.Compare(a.stream, b.stream); n != 0 {
+			return n
+		}
+		return cmp.Compare(a.seq, b.seq)
+	})
+	for i := 1; i < len(evs); i++ {
+		if evs[i].subject == evs[i-1].subject && evs[i].stream == evs[i-1].stream && evs[i].t.Before(evs[i-1].t) {
+			evs[i].t = evs[i-1].t
+		}
+	}
 }
 
 func (c *computation) window() {
@@ -198,6 +222,13 @@ func (c *computation) siteName(i int32) string {
 
 func ref(e eventRec) *EventRef {
 	return &EventRef{Subject: e.subject, Sequence: e.seq, Type: e.ev.EventType(), Time: e.t}
+}
+
+// landedRef is ref with the record's server timestamp.
+func landedRef(e eventRec) *EventRef {
+	r := ref(e)
+	r.Time = e.landed
+	return r
 }
 
 // --- per-site state -----------------------------------------------------------
@@ -335,7 +366,7 @@ func (s *siteRun) apply(e eventRec) {
 		s.set("stopping", t, ev.Term, "fencing ("+ev.Reason.String()+")")
 	case *failover.Fenced:
 		if s.stopping != nil && s.stopping.upEnd.IsZero() {
-			s.stopping.upEnd, s.stopping.UpEvent = t, ref(e)
+			s.stopping.upEnd, s.stopping.UpEvent = e.landed, landedRef(e) // landed: the split-brain check stays conservative
 			s.stopping = nil
 		}
 		switch s.then {
@@ -377,7 +408,7 @@ func (s *siteRun) apply(e eventRec) {
 		s.set("stopping", t, s.term, "demoting ("+ev.Reason.String()+")")
 	case *failover.Demoted:
 		if s.stopping != nil && s.stopping.upEnd.IsZero() {
-			s.stopping.upEnd, s.stopping.UpEvent = t, ref(e)
+			s.stopping.upEnd, s.stopping.UpEvent = e.landed, landedRef(e) // landed: the split-brain check stays conservative
 			s.stopping = nil
 		}
 		s.set("stopping", t, s.term, "releasing")
@@ -557,8 +588,33 @@ func (c *computation) otherSite(site string) string {
 	return ""
 }
 
+// transitions finds the failovers and handovers. A failover is a takeover
+// in the register's history: a write naming a site right after a write
+// naming another. Every register write is a compare-and-set on the
+// previous revision, so only an acquire that won can follow another
+// holder's write. That finds the takeovers whose winner recorded
+// `promoted` and those whose winner never got the answer and resumed the
+// register it had won (no `promoted`: Resumed). A `promoted` whose winning
+// write is not in the record (retention) is classified by its reason.
 func (c *computation) transitions() {
 	c.r.Failovers, c.r.Handovers = []Failover{}, []Handover{}
+	promoted := map[uint64]bool{} // winning revisions with a promoted event
+	for _, e := range c.evs {
+		if p, ok := e.ev.(*failover.Promoted); ok && !e.proc {
+			promoted[p.Rev] = true
+		}
+	}
+	for i := 1; i < len(c.reg); i++ {
+		w, prev := &c.reg[i], &c.reg[i-1]
+		if w.v.site < 0 || prev.v.site < 0 || w.v.site == prev.v.site {
+			continue
+		}
+		to := c.siteName(w.v.site)
+		promotedAt := time.Unix(0, w.t).UTC()
+		fo := c.failover(to, w.v.term, w.rev, promotedAt, prev, c.servingAt(to, w.v.term, promotedAt))
+		fo.Resumed = !promoted[w.rev]
+		c.r.Failovers = append(c.r.Failovers, fo)
+	}
 	for _, e := range c.evs {
 		p, ok := e.ev.(*failover.Promoted)
 		if !ok || e.proc {
@@ -567,13 +623,17 @@ func (c *computation) transitions() {
 		to := c.siteName(e.site)
 		promotedAt := e.t
 		i := c.regIndex(p.Rev)
-		if i >= 0 {
-			promotedAt = time.Unix(0, c.reg[i].t).UTC()
-		}
 		var prev *regWrite
-		if i > 0 {
+		switch {
+		case i > 0:
+			promotedAt = time.Unix(0, c.reg[i].t).UTC()
 			prev = &c.reg[i-1]
-		} else if i < 0 {
+			if prev.v.site >= 0 && prev.v.site != c.reg[i].v.site {
+				continue // a takeover: found in the register above
+			}
+		case i == 0:
+			promotedAt = time.Unix(0, c.reg[i].t).UTC()
+		default:
 			// The winning write is not in the record: the one before it is
 			// the last write with a lower revision.
 			j, _ := slices.BinarySearchFunc(c.reg, p.Rev, func(w regWrite, rev uint64) int { return cmp.Compare(w.rev, rev) })
@@ -581,16 +641,17 @@ func (c *computation) transitions() {
 				prev = &c.reg[j-1]
 			}
 		}
-		newT := c.firstTenureFrom(to, p.Term, promotedAt.Add(-time.Second))
-		var servingAt *time.Time
-		if newT != nil {
-			servingAt = ptr(newT.From)
-		}
-		if p.Reason == failover.AcquireStale {
-			c.r.Failovers = append(c.r.Failovers, c.failover(e, p, to, promotedAt, prev, servingAt))
+		servingAt := c.servingAt(to, p.Term, promotedAt)
+		if p.Reason == failover.AcquireStale && (prev == nil || (i < 0 && prev.v.site >= 0)) {
+			// The holder it took over from is not in the record.
+			c.r.Failovers = append(c.r.Failovers, c.failover(to, p.Term, p.Rev, promotedAt, prev, servingAt))
 			continue
 		}
-		h := Handover{Kind: p.Reason.String(), Term: p.Term, To: to, PromotedAt: ptr(promotedAt), ServingAt: servingAt}
+		kind := p.Reason.String()
+		if p.Reason == failover.AcquireStale {
+			kind = "vacant" // leader = none went stale: its handoff was never taken
+		}
+		h := Handover{Kind: kind, Term: p.Term, To: to, PromotedAt: ptr(promotedAt), ServingAt: servingAt}
 		var from string
 		if prev != nil && prev.v.site < 0 {
 			h.ReleasedAt = ptr(time.Unix(0, prev.t).UTC())
@@ -633,6 +694,15 @@ func (c *computation) transitions() {
 		}
 		c.r.Handovers = append(c.r.Handovers, h)
 	}
+	slices.SortStableFunc(c.r.Failovers, func(a, b Failover) int { return a.PromotedAt.Compare(*b.PromotedAt) })
+}
+
+// servingAt is when to started serving the term it won at promotedAt.
+func (c *computation) servingAt(to string, term uint64, promotedAt time.Time) *time.Time {
+	if t := c.firstTenureFrom(to, term, promotedAt.Add(-time.Second)); t != nil {
+		return ptr(t.From)
+	}
+	return nil
 }
 
 func (c *computation) lastTenureBefore(site string, t time.Time) *tenure {
@@ -649,8 +719,8 @@ func (c *computation) lastTenureBefore(site string, t time.Time) *tenure {
 	return found
 }
 
-func (c *computation) failover(e eventRec, p *failover.Promoted, to string, promotedAt time.Time, prev *regWrite, servingAt *time.Time) Failover {
-	fo := Failover{Term: p.Term, To: to, PromotedAt: ptr(promotedAt), ServingAt: servingAt, Reason: "stale register"}
+func (c *computation) failover(to string, term, rev uint64, promotedAt time.Time, prev *regWrite, servingAt *time.Time) Failover {
+	fo := Failover{Term: term, To: to, PromotedAt: ptr(promotedAt), ServingAt: servingAt, Reason: "stale register"}
 	from := ""
 	if prev != nil && prev.v.site >= 0 && c.siteName(int32(prev.v.site)) != to {
 		from = c.siteName(int32(prev.v.site))
@@ -662,7 +732,7 @@ func (c *computation) failover(e eventRec, p *failover.Promoted, to string, prom
 	// The old holder's last register write before the winning one.
 	fromIdx := int32(slices.Index(c.f.sites, from))
 	var last *regWrite
-	j, _ := slices.BinarySearchFunc(c.reg, p.Rev, func(w regWrite, rev uint64) int { return cmp.Compare(w.rev, rev) })
+	j, _ := slices.BinarySearchFunc(c.reg, rev, func(w regWrite, rev uint64) int { return cmp.Compare(w.rev, rev) })
 	for j--; j >= 0; j-- {
 		if w := &c.reg[j]; int32(w.v.site) == fromIdx {
 			last = w
@@ -674,7 +744,7 @@ func (c *computation) failover(e eventRec, p *failover.Promoted, to string, prom
 	var attempt *eventRec
 	for k := range c.evs {
 		a, ok := c.evs[k].ev.(*failover.AcquireAttempted)
-		if !ok || c.siteName(c.evs[k].site) != to || a.Term != p.Term {
+		if !ok || c.siteName(c.evs[k].site) != to || a.Term != term {
 			continue
 		}
 		if last != nil && c.evs[k].t.Before(time.Unix(0, last.t)) {
@@ -683,6 +753,12 @@ func (c *computation) failover(e eventRec, p *failover.Promoted, to string, prom
 		attempt = &c.evs[k]
 		fo.StaleMS = ms(a.Stale)
 		break
+	}
+	var attemptAt time.Time
+	if attempt != nil {
+		// The attempt issued the winning write, so it happened before that
+		// write landed, whenever its own event was appended.
+		attemptAt = minTime(attempt.t, promotedAt)
 	}
 	var lastAt time.Time
 	switch {
@@ -695,17 +771,17 @@ func (c *computation) failover(e eventRec, p *failover.Promoted, to string, prom
 	case attempt != nil && fo.StaleMS > 0:
 		// The register's history no longer holds it: estimate from the
 		// staleness the new holder saw when it decided.
-		lastAt = attempt.t.Add(-time.Duration(fo.StaleMS * float64(time.Millisecond)))
+		lastAt = attemptAt.Add(-time.Duration(fo.StaleMS * float64(time.Millisecond)))
 		fo.Estimated = true
 	}
 	if attempt != nil {
-		fo.PromotionAttemptAt = ptr(attempt.t)
+		fo.PromotionAttemptAt = ptr(attemptAt)
 	}
 	if !lastAt.IsZero() {
 		fo.LastPrimaryHeartbeat = ptr(lastAt)
 		fo.FailoverMS = ptr(ms(promotedAt.Sub(lastAt)))
 		if attempt != nil {
-			fo.DetectionMS = ptr(ms(attempt.t.Sub(lastAt)))
+			fo.DetectionMS = ptr(ms(attemptAt.Sub(lastAt)))
 		}
 		if servingAt != nil {
 			fo.ServingMS = ptr(ms(servingAt.Sub(lastAt)))
@@ -1017,7 +1093,11 @@ func fillStats(s *HeartbeatStats, d []int64, longest []Gap) {
 // --- availability -------------------------------------------------------------
 
 func (c *computation) availability() {
-	type span struct{ a, b time.Time }
+	type span struct {
+		a, b  time.Time
+		site  string
+		basis string
+	}
 	var spans []span
 	for _, t := range c.r.Leadership {
 		b := c.w1
@@ -1027,18 +1107,22 @@ func (c *computation) availability() {
 		a := maxTime(t.From, c.w0)
 		b = minTime(b, c.w1)
 		if a.Before(b) {
-			spans = append(spans, span{a, b})
+			spans = append(spans, span{a, b, t.Site, t.EndBasis})
 		}
 	}
 	slices.SortFunc(spans, func(x, y span) int { return x.a.Compare(y.a) })
-	var served time.Duration
+	var served, out time.Duration
 	var cur *span
 	var longest time.Duration
 	var longestAt time.Time
-	gap := func(from, to time.Time) {
-		if d := to.Sub(from); d > longest {
-			longest, longestAt = d, from
+	outages := []Outage{}
+	gap := func(from *span, to time.Time, by string) {
+		d := to.Sub(from.b)
+		if d > longest {
+			longest, longestAt = d, from.b
 		}
+		out += d
+		outages = append(outages, Outage{From: from.b, To: to, MS: ms(d), After: from.site, AfterBasis: from.basis, By: by, Open: by == ""})
 	}
 	for i := range spans {
 		s := spans[i]
@@ -1046,20 +1130,22 @@ func (c *computation) availability() {
 		case cur == nil:
 			cur = &s
 		case !s.a.After(cur.b):
-			cur.b = maxTime(cur.b, s.b)
+			if s.b.After(cur.b) {
+				cur.b, cur.site, cur.basis = s.b, s.site, s.basis
+			}
 		default:
 			served += cur.b.Sub(cur.a)
-			gap(cur.b, s.a)
+			gap(cur, s.a, s.site)
 			cur = &s
 		}
 	}
 	if cur != nil {
 		served += cur.b.Sub(cur.a)
 		if cur.b.Before(c.w1) {
-			gap(cur.b, c.w1)
+			gap(cur, c.w1, "")
 		}
 	}
-	a := Availability{ServedMS: ms(served), ReadOnlyMS: ms(c.w1.Sub(c.w0) - served), LongestGapMS: ms(longest)}
+	a := Availability{ServedMS: ms(served), ReadOnlyMS: ms(c.w1.Sub(c.w0) - served), LongestGapMS: ms(longest), OutageMS: ms(out), Outages: outages}
 	if w := c.w1.Sub(c.w0); w > 0 {
 		a.Fraction = float64(served) / float64(w)
 	}

@@ -70,6 +70,7 @@ type Fold struct {
 	corrupt   []Corrupt
 	gaps      []Gap
 	truncated []Gap
+	backdated bool  // some event carries events.HeaderQueued
 	first     int64 // extent of the record (Unix ns); 0: none yet
 	lastT     int64
 	partial   *Partial
@@ -170,9 +171,12 @@ type kvWrite struct {
 	value []byte
 }
 
-// eventRec is one decoded event.
+// eventRec is one decoded event. t is when it happened: the server
+// timestamp less the time it waited on its node (events.HeaderQueued);
+// landed is the server timestamp itself, for what must be conservative.
 type eventRec struct {
 	t       time.Time
+	landed  time.Time
 	stream  string
 	subject string
 	seq     uint64
@@ -284,10 +288,28 @@ func (f *Fold) Add(rec events.Record) {
 			f.addUnknown(fmt.Sprintf("%s v%d", u.Type, u.Version), rec)
 			return
 		}
-		f.evs = append(f.evs, eventRec{t: rec.Time.UTC(), stream: rec.Stream, subject: rec.Subject, seq: rec.Sequence,
+		landed := rec.Time.UTC()
+		if _, ok := rec.Headers[events.HeaderQueued]; ok {
+			f.backdated = true
+		}
+		f.evs = append(f.evs, eventRec{t: landed.Add(-queued(rec)), landed: landed, stream: rec.Stream, subject: rec.Subject, seq: rec.Sequence,
 			site: si.site, proc: si.kind == kindProcedureEvent, ev: ev})
 		f.counts.Events++
 	}
+}
+
+// queued is how long an event waited on its node before the append that
+// stored it (events.HeaderQueued; 0 when absent or unreadable).
+func queued(rec events.Record) time.Duration {
+	v, ok := rec.Headers[events.HeaderQueued]
+	if !ok {
+		return 0
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return 0
+	}
+	return time.Duration(n)
 }
 
 // classify finds what a subject holds, once per subject.

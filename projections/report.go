@@ -138,6 +138,10 @@ type Failover struct {
 	ReadOnlyGapMS        *float64   `json:"read_only_gap_ms"` // old holder stopped serving → new one serving
 	StaleMS              float64    `json:"stale_ms,omitempty"`
 	Estimated            bool       `json:"estimated,omitempty"`
+	// Resumed: the new holder recorded no promoted event — its write won
+	// but the answer was lost, and it resumed the register it found naming
+	// it. The register's history shows the takeover all the same.
+	Resumed bool `json:"resumed,omitempty"`
 }
 
 // Handover is a clean move of leadership, or a first acquisition.
@@ -254,6 +258,27 @@ type Availability struct {
 	// first served in the window.
 	LongestGapMS float64    `json:"longest_gap_ms"`
 	LongestGapAt *time.Time `json:"longest_gap_at,omitempty"`
+	// OutageMS is the total of Outages: the time nobody served after
+	// someone first did (ReadOnlyMS also counts the start of the window).
+	OutageMS float64  `json:"outage_ms"`
+	Outages  []Outage `json:"outages"`
+}
+
+// Outage is a stretch with nobody serving, after someone first served in
+// the window: from the end of a serving interval to the start of the next.
+type Outage struct {
+	From time.Time `json:"from"`
+	To   time.Time `json:"to"`
+	MS   float64   `json:"ms"`
+	// After is the site whose serving interval ended it, and AfterBasis
+	// how that end is known (the interval's end_basis: "recorded", or
+	// "last-heartbeat" when no stop was recorded in time — the outage may
+	// then have begun up to the rules' stop bound later).
+	After      string `json:"after"`
+	AfterBasis string `json:"after_basis"`
+	// By is the site whose serving ended it; "" while it lasts (Open).
+	By   string `json:"by,omitempty"`
+	Open bool   `json:"open,omitempty"`
 }
 
 // Segment is one stretch of one site's lane.

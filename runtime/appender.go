@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -28,8 +29,8 @@ type appender struct {
 	onAppended func(events.Event, events.Ack)
 
 	mu      sync.Mutex
-	queue   []events.Event // unbounded: events are facts and must not be dropped
-	wake    chan struct{}  // size 1: a pending wake-up is enough
+	queue   []queuedEvent // unbounded: events are facts and must not be dropped
+	wake    chan struct{} // size 1: a pending wake-up is enough
 	stopped chan struct{}
 	done    chan struct{}
 	lastSeq uint64
@@ -40,6 +41,17 @@ type appender struct {
 	// sequence and reports the conflict instead of a "duplicate".
 	nonce string
 }
+
+// queuedEvent is an event waiting to be appended, with when it was queued
+// (monotonic clock reading).
+type queuedEvent struct {
+	ev   events.Event
+	born time.Time
+}
+
+// minQueued is the wait below which no events.HeaderQueued is stored: a
+// send straight from the queue's head is not worth a header.
+const minQueued = time.Millisecond
 
 func newAppender(log events.Log, subject string, logger *slog.Logger) *appender {
 	var b [8]byte
@@ -64,8 +76,11 @@ func (a *appender) add(evs ...events.Event) {
 	if len(evs) == 0 {
 		return
 	}
+	now := time.Now()
 	a.mu.Lock()
-	a.queue = append(a.queue, evs...)
+	for _, ev := range evs {
+		a.queue = append(a.queue, queuedEvent{ev, now})
+	}
 	a.mu.Unlock()
 	select {
 	case a.wake <- struct{}{}:
@@ -114,8 +129,9 @@ func (a *appender) run() {
 	for {
 		a.mu.Lock()
 		var ev events.Event
+		var born time.Time
 		if len(a.queue) > 0 {
-			ev = a.queue[0]
+			ev, born = a.queue[0].ev, a.queue[0].born
 		}
 		known, last := a.known, a.lastSeq
 		a.mu.Unlock()
@@ -141,6 +157,11 @@ func (a *appender) run() {
 			}
 			opts := events.Expect(last)
 			opts.MsgID = fmt.Sprintf("%s@%d/%s", a.subject, last+1, a.nonce)
+			if w := time.Since(born); w >= minQueued {
+				// It waited (behind others, or retried while NATS was out of
+				// reach): the record dates it when it happened.
+				opts.Headers = map[string]string{events.HeaderQueued: strconv.FormatInt(int64(w), 10)}
+			}
 			ack, err := a.log.Append(actx, a.subject, ev, opts)
 			if err != nil {
 				return err

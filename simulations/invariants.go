@@ -44,11 +44,16 @@ type invariants struct {
 	lastHolder  string
 	changes     int
 	calmChanges int
-	// availability
+	// availability (see availabilityChanged)
 	everServed bool
 	gap        bool
 	gapStart   time.Duration
+	gapCause   string
+	gapSite    string
 	maxGap     time.Duration
+	totalGap   time.Duration
+	outages    []Outage
+	takeovers  []Takeover
 	// calm periods
 	active     [3]int
 	lastChange [3]time.Duration
@@ -87,6 +92,8 @@ func (v *invariants) registerWritten(s *sim, n *node, w *failover.Write, res wri
 		case prev.Site != "" && prev.Site != n.site:
 			o := s.other(n)
 			s.count(cFailover)
+			v.takeovers = append(v.takeovers, Takeover{At: s.now.Seconds(), From: prev.Site, To: n.site, Term: w.Leader.Term, ServingAt: -1})
+			n.takeover, o.takeover = len(v.takeovers), 0
 			if prev.Fenced {
 				s.count(cFencedTakeover)
 			}
@@ -126,18 +133,45 @@ func (v *invariants) servingChanged(s *sim, n *node) {
 			s.violate(InvSplitBrain, "%s serving since %.3fs and %s serving since %.3fs: both at once",
 				o.site, o.servingSince.Seconds(), n.site, s.now.Seconds())
 		}
-		if v.gap {
-			v.maxGap = max(v.maxGap, s.now-v.gapStart)
+		if n.takeover > 0 {
+			v.takeovers[n.takeover-1].ServingAt = s.now.Seconds()
+			n.takeover = 0
 		}
-		v.everServed, v.gap = true, false
 		return
 	}
 	if !o.serving {
 		v.lastStop = s.now
-		if v.everServed && !v.gap {
-			v.gap, v.gapStart = true, s.now
-		}
 	}
+}
+
+// availabilityChanged runs whenever a database becomes available or stops
+// being so. Available is narrower than serving: a database whose fence or
+// demote chain has started is stopping (pg_ctl stop -m fast refuses new
+// sessions and ends the running ones at once) although it serves, for the
+// split-brain check, until the step completes. Unavailability is counted
+// from the first moment something was available, as the record's
+// availability is (docs/replay.md): from a stop's start, or a crash, to
+// the next promote step that completes.
+func (v *invariants) availabilityChanged(s *sim, n *node, cause string) {
+	up := s.nodes[0].available() || s.nodes[1].available()
+	switch {
+	case up && v.gap:
+		v.closeGap(s, n.site, false)
+		n.endOutage = int32(len(v.outages))
+	case up:
+		v.everServed = true
+	case v.everServed && !v.gap:
+		v.gap, v.gapStart, v.gapCause, v.gapSite = true, s.now, cause, n.site
+	}
+}
+
+func (v *invariants) closeGap(s *sim, by string, open bool) {
+	d := s.now - v.gapStart
+	v.maxGap = max(v.maxGap, d)
+	v.totalGap += d
+	v.outages = append(v.outages, Outage{From: v.gapStart.Seconds(), To: s.now.Seconds(), MS: float64(d) / float64(time.Millisecond),
+		Site: v.gapSite, Cause: v.gapCause, By: by, Open: open})
+	v.gap = false
 }
 
 // checkArm arms the liveness check when the register names a dead member
@@ -202,7 +236,7 @@ func (v *invariants) step(s *sim) {
 // finish runs once at the end of the run.
 func (v *invariants) finish(s *sim) {
 	if v.gap {
-		v.maxGap = max(v.maxGap, s.now-v.gapStart)
+		v.closeGap(s, "", true)
 	}
 	for _, c := range s.sc.Forbidden {
 		if s.counters[c] > 0 {

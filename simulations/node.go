@@ -23,6 +23,8 @@ type pendingWrite struct {
 type appender struct {
 	subject  string
 	queue    [][]byte
+	born     []time.Duration // the node's local clock when each queued event was produced
+	marks    []int32         // 1 + the index of the outage a queued serving_started ends (0: none)
 	inflight bool
 	attempt  uint64
 	last     uint64
@@ -42,6 +44,9 @@ type dirState struct {
 	held    []int32
 	dropped bool // something was dropped since the last heal
 }
+
+// available: the database serves and is not being stopped.
+func (n *node) available() bool { return n.serving && !n.stopping }
 
 func (d *dirState) clear() bool { return d.drop == 0 && d.stall == 0 }
 
@@ -70,6 +75,9 @@ type node struct {
 
 	serving      bool
 	servingSince time.Duration
+	stopping     bool  // a fence or demote chain runs on the serving database
+	takeover     int   // 1 + index of the takeover it won and has not yet served (0: none)
+	endOutage    int32 // 1 + index of the outage its serving ended, until serving_started is queued (0: none)
 
 	tickGen uint64
 	tickAt  time.Duration

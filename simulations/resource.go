@@ -104,6 +104,9 @@ func (s *sim) handleOut(n *node, out procedure.Out) {
 		}
 	}
 	for _, run := range out.Start {
+		if run.Index == 0 && (run.Kind == procedure.ChainFence || run.Kind == procedure.ChainDemote) {
+			s.stopStarted(n, run.Kind)
+		}
 		n.curRun = run.RunID
 		final := run.Index == len(s.spec.Chain(run.Kind).Steps)-1
 		d, o := s.outcome(n, run, final)
@@ -170,9 +173,16 @@ func (s *sim) onProcedureEvent(n *node, ev any) {
 // two never do at once.
 func (s *sim) setServing(n *node, on bool, why string) {
 	if n.serving == on {
+		if on && n.stopping {
+			// A promote completed on a database a stop had started on (the
+			// stop was superseded): it is available again.
+			n.stopping = false
+			s.inv.availabilityChanged(s, n, "")
+		}
 		return
 	}
-	n.serving = on
+	wasAvailable := n.available()
+	n.serving, n.stopping = on, false
 	s.tr.u64(uint64(n.idx)<<1 | b2u(on))
 	if on {
 		n.servingSince = s.now
@@ -181,6 +191,22 @@ func (s *sim) setServing(n *node, on bool, why string) {
 		s.tracef(n.site, "resource stopped (%s)", why)
 	}
 	s.inv.servingChanged(s, n)
+	switch {
+	case on:
+		s.inv.availabilityChanged(s, n, "")
+	case wasAvailable:
+		s.inv.availabilityChanged(s, n, "down: "+why)
+	}
+}
+
+// stopStarted: a fence or demote chain starts on a serving database; it
+// stops being available now (see availabilityChanged).
+func (s *sim) stopStarted(n *node, k procedure.ChainKind) {
+	if !n.serving || n.stopping {
+		return
+	}
+	n.stopping = true
+	s.inv.availabilityChanged(s, n, "stop: "+k.String())
 }
 
 func b2u(b bool) uint64 {

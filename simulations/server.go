@@ -90,6 +90,7 @@ type Server struct {
 	nextSync  time.Duration
 	journal   []events.Entry // every KV write in revision order, when kept
 	keep      bool
+	hdr       map[string]string // reused for HeaderQueued (AppendRaw reads it, keeps nothing)
 }
 
 // NewServer returns a running server with empty stores.
@@ -216,15 +217,23 @@ type appendResult struct {
 }
 
 // appendEvent stores one encoded event with the runtime appender's options:
-// expected last subject sequence (looked up first when unknown) and a
-// message id per position.
-func (s *Server) appendEvent(t time.Duration, subject string, data []byte, last uint64, known bool) (appendResult, uint64) {
+// expected last subject sequence (looked up first when unknown), a
+// message id per position, and how long the event waited on its node
+// (events.HeaderQueued, when it did).
+func (s *Server) appendEvent(t time.Duration, subject string, data []byte, last uint64, known bool, queued time.Duration) (appendResult, uint64) {
 	s.at(t)
 	if !known {
 		last, _ = s.log.LastSequence(bg, subject)
 	}
 	opts := events.Expect(last)
 	opts.MsgID = subject + "@" + strconv.FormatUint(last+1, 10)
+	if queued > 0 {
+		if s.hdr == nil {
+			s.hdr = make(map[string]string, 1)
+		}
+		s.hdr[events.HeaderQueued] = strconv.FormatInt(int64(queued), 10)
+		opts.Headers = s.hdr
+	}
 	ack, err := s.log.AppendRaw(bg, subject, data, opts)
 	if err != nil {
 		if errors.Is(err, events.ErrConflict) {
@@ -288,6 +297,9 @@ func (s *Server) rollback() {
 		opts := events.AppendOptions{MsgID: rec.Headers["Nats-Msg-Id"]}
 		if v, ok := rec.Headers["Nats-Expected-Last-Subject-Sequence"]; ok {
 			opts.Headers = map[string]string{"Nats-Expected-Last-Subject-Sequence": v}
+			if q, ok := rec.Headers[events.HeaderQueued]; ok {
+				opts.Headers[events.HeaderQueued] = q
+			}
 		}
 		if _, err := log.AppendRaw(bg, rec.Subject, rec.Data, opts); err != nil {
 			panic(fmt.Sprintf("simulated server: rebuild %s: %v", rec.Subject, err))

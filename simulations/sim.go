@@ -77,12 +77,47 @@ type Result struct {
 	Failovers         int         `json:"failovers"`
 	LeadershipChanges int         `json:"leadership_changes"`
 	MaxUnavailableMS  float64     `json:"max_unavailable_ms"`
-	Fsync             string      `json:"fsync"`
-	Faults            string      `json:"faults"`
-	Sometimes         []Counter   `json:"sometimes"`
+	// UnavailableMS is the total time nobody was available, from the first
+	// moment something was; Outages lists each stretch (see Outage).
+	UnavailableMS float64    `json:"unavailable_ms"`
+	Outages       []Outage   `json:"outages"`
+	Takeovers     []Takeover `json:"takeovers"`
+	Fsync         string     `json:"fsync"`
+	Faults        string     `json:"faults"`
+	Sometimes     []Counter  `json:"sometimes"`
 	// Unexercised lists required counters that stayed 0: the run did not
 	// exercise what its scenario claims to.
 	Unexercised []string `json:"unexercised"`
+}
+
+// Outage is a stretch with no database available: from a stop's start (a
+// fence or demote chain starting on the last available database) or its
+// process going down, to a promote step completing. Times are simulated
+// seconds since the start of the run.
+type Outage struct {
+	From  float64 `json:"from"`
+	To    float64 `json:"to"`
+	MS    float64 `json:"ms"`
+	Site  string  `json:"site"`         // the site that stopped being available
+	Cause string  `json:"cause"`        // "stop: fence", "stop: demote", "down: process gone"
+	By    string  `json:"by,omitempty"` // the site that became available ("" if open)
+	Open  bool    `json:"open,omitempty"`
+	// EndInRecord: the serving_started event of the site that ended it was
+	// stored. It is not when the member died with the event still queued
+	// on its node (or the run ended first): the record then cannot show
+	// that the site served, and shows this outage and the next as one.
+	EndInRecord bool `json:"end_in_record"`
+}
+
+// Takeover is a failover: an acquire that won the register from another
+// site's holder (the failover counter). ServingAt is when the winner's
+// database started serving that term (-1: it did not).
+type Takeover struct {
+	At        float64 `json:"at"`
+	From      string  `json:"from"`
+	To        string  `json:"to"`
+	Term      uint64  `json:"term"`
+	ServingAt float64 `json:"serving_at"`
 }
 
 // Duration is the simulated time the run covered.
@@ -130,6 +165,8 @@ type msg struct {
 	last     uint64         // mAppend: expected last subject sequence
 	known    bool           // mAppend: last was read from the log
 	attempt  uint64         // mAppend, mAppendAck
+	queued   time.Duration  // mAppend: how long the event waited on its node
+	mark     int32          // mAppend: 1 + the outage a serving_started ends (0: none)
 	seq      uint64         // mAppendAck
 	conflict bool           // mAppendAck
 	run      uint64         // mStep
@@ -445,6 +482,12 @@ func (s *sim) appendEvent(n *node, stream int, ev events.Event) {
 	}
 	a := &n.apps[stream]
 	a.queue = append(a.queue, data)
+	a.born = append(a.born, n.clk.local(s.now))
+	var mark int32
+	if _, ok := ev.(*failover.ServingStarted); ok && stream == 0 {
+		mark, n.endOutage = n.endOutage, 0
+	}
+	a.marks = append(a.marks, mark)
 	s.pump(n, stream)
 }
 
@@ -457,7 +500,8 @@ func (s *sim) pump(n *node, stream int) {
 	}
 	s.attempts++
 	a.inflight, a.attempt = true, s.attempts
-	ref := s.alloc(msg{kind: mAppend, inc: n.inc, stream: int8(stream), data: a.queue[0], last: a.last, known: a.known, attempt: a.attempt})
+	ref := s.alloc(msg{kind: mAppend, inc: n.inc, stream: int8(stream), data: a.queue[0], last: a.last, known: a.known, attempt: a.attempt,
+		queued: n.clk.local(s.now) - a.born[0], mark: a.marks[0]})
 	s.send(n, true, ref)
 	s.push(item{at: s.now + appendTimeout, kind: evAppendTimeout, node: int8(n.idx), ref: int32(stream), gen: a.attempt})
 }
@@ -480,7 +524,10 @@ func (s *sim) atServer(n *node, ref int32) {
 	case mWrite:
 		s.serverWrite(n, ref)
 	case mAppend:
-		res, last := s.server.appendEvent(s.now, n.apps[m.stream].subject, m.data, m.last, m.known)
+		res, last := s.server.appendEvent(s.now, n.apps[m.stream].subject, m.data, m.last, m.known, m.queued)
+		if m.mark > 0 && !res.conflict {
+			s.inv.outages[m.mark-1].EndInRecord = true
+		}
 		*m = msg{kind: mAppendAck, inc: m.inc, stream: m.stream, attempt: m.attempt, seq: res.seq, conflict: res.conflict, last: last}
 		s.send(n, false, ref)
 	default:
@@ -588,7 +635,7 @@ func (s *sim) atNode(n *node, it item) {
 		}
 		a.last, a.known = seq, true
 		a.queue[0] = nil
-		a.queue = a.queue[1:]
+		a.queue, a.born, a.marks = a.queue[1:], a.born[1:], a.marks[1:]
 		s.pump(n, stream)
 	default:
 		s.release(it.ref)
@@ -612,10 +659,18 @@ func (s *sim) result(wall time.Duration) *Result {
 		Steps: s.steps, Digest: s.tr.sum(), Violations: s.viol,
 		Failovers: s.counters[cFailover], LeadershipChanges: s.inv.changes,
 		MaxUnavailableMS: float64(s.inv.maxGap) / float64(time.Millisecond),
-		Fsync:            s.cfg.Fsync.String(), Faults: FormatFaults(s.faults),
+		UnavailableMS:    float64(s.inv.totalGap) / float64(time.Millisecond),
+		Outages:          s.inv.outages, Takeovers: s.inv.takeovers,
+		Fsync: s.cfg.Fsync.String(), Faults: FormatFaults(s.faults),
 	}
 	if r.Violations == nil {
 		r.Violations = []Violation{}
+	}
+	if r.Outages == nil {
+		r.Outages = []Outage{}
+	}
+	if r.Takeovers == nil {
+		r.Takeovers = []Takeover{}
 	}
 	if wall > 0 {
 		r.Speedup = s.now.Seconds() / wall.Seconds()
