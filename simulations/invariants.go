@@ -92,7 +92,7 @@ func (v *invariants) registerWritten(s *sim, n *node, w *failover.Write, res wri
 		case prev.Site != "" && prev.Site != n.site:
 			o := s.other(n)
 			s.count(cFailover)
-			v.takeovers = append(v.takeovers, Takeover{At: s.now.Seconds(), From: prev.Site, To: n.site, Term: w.Leader.Term, ServingAt: -1})
+			v.takeovers = append(v.takeovers, Takeover{At: s.now.Seconds(), From: prev.Site, To: n.site, Term: w.Leader.Term, ServingAt: -1, OldAlive: o.alive})
 			n.takeover, o.takeover = len(v.takeovers), 0
 			if prev.Fenced {
 				s.count(cFencedTakeover)

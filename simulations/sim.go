@@ -118,6 +118,10 @@ type Takeover struct {
 	To        string  `json:"to"`
 	Term      uint64  `json:"term"`
 	ServingAt float64 `json:"serving_at"`
+	// OldAlive: the old holder's process was running when it was taken
+	// over (cut off, slow or paused, not dead): a false failover in the
+	// staleness decision's sense — the primary was not down.
+	OldAlive bool `json:"old_alive"`
 }
 
 // Duration is the simulated time the run covered.

@@ -27,6 +27,9 @@ func newReplayCmd(stdout, stderr io.Writer) *cobra.Command {
 		format   string
 		out      string
 		partial  bool
+		whatIfP  string
+		unsafe   bool
+		seed     uint64
 	)
 	cmd := &cobra.Command{
 		Use:   "replay (--file FILE | --nats-url U --pair P)",
@@ -47,7 +50,16 @@ availability, records, …); html: one self-contained page with a lane per site.
 A damaged export file is an error (exit 1) naming the byte offset and how many
 records were read intact before it; nothing is printed as if it were the whole
 history. With --partial the history of the records read before the damage is
-rendered too, marked PARTIAL, and the exit status is still 1.`,
+rendered too, marked PARTIAL, and the exit status is still 1.
+
+--what-if PAIR.yaml (with --file) asks how other rules would have fared: the
+record's heartbeat arrival pattern (each site's gaps and late writes, its
+restarts, silences and the operator's switchovers) becomes a fault schedule,
+run through the simulator under the recorded rules and under the proposed
+ones; failovers, false failovers, unavailability and invariant violations are
+printed side by side with what the record itself shows (text, or --format
+json). Rules that break the safety inequality are refused unless
+--allow-unsafe-config is given. docs/replay.md explains the mapping.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			usage := func(err error) error { return &usageError{cmd: cmd.CommandPath(), err: err} }
@@ -58,10 +70,19 @@ rendered too, marked PARTIAL, and the exit status is still 1.`,
 				return usage(errors.New("--file and --nats-url exclude each other"))
 			case partial && file == "":
 				return usage(errors.New("--partial applies to --file only"))
+			case whatIfP != "" && file == "":
+				return usage(errors.New("--what-if needs --file: it replays an export file's heartbeat pattern"))
+			case whatIfP == "" && (cmd.Flags().Changed("allow-unsafe-config") || cmd.Flags().Changed("seed")):
+				return usage(errors.New("--allow-unsafe-config and --seed apply to --what-if only"))
+			case whatIfP != "" && partial:
+				return usage(errors.New("--what-if needs an intact file: it takes no --partial"))
 			}
 			f, err := projections.ParseFormat(format)
 			if err != nil {
 				return usage(fmt.Errorf("--format: %w", err))
+			}
+			if whatIfP != "" && f == projections.FormatHTML {
+				return usage(errWhatIfFormat)
 			}
 			now := time.Now()
 			fromT, err := parseWhen("--from", from, now)
@@ -108,6 +129,20 @@ rendered too, marked PARTIAL, and the exit status is still 1.`,
 				prog.done()
 				rep = fold.Report()
 			}
+			if whatIfP != "" {
+				if rep.Pair == "" {
+					return fmt.Errorf("what-if %s: the record names no pair", file)
+				}
+				wr, err := whatIf(file, rep.Pair, whatIfP, unsafe, seed, rep)
+				var wu *whatIfUsage
+				if errors.As(err, &wu) {
+					return usage(wu.err)
+				}
+				if err != nil {
+					return err
+				}
+				return writeOut(out, stdout, func(w io.Writer) error { return writeWhatIf(w, wr, f == projections.FormatJSON) })
+			}
 			if err := writeReport(rep, f, out, stdout); err != nil {
 				return err
 			}
@@ -123,6 +158,9 @@ rendered too, marked PARTIAL, and the exit status is still 1.`,
 	fl.StringVar(&to, "to", "", "end: RFC 3339 time or a duration ago")
 	fl.StringVar(&format, "format", "text", "text, json or html")
 	fl.StringVar(&out, "out", "", "write the report to FILE (default stdout)")
+	fl.StringVar(&whatIfP, "what-if", "", "pair file with proposed rules: replay the record's heartbeat pattern through the simulator under them and the recorded rules")
+	fl.BoolVar(&unsafe, "allow-unsafe-config", false, "with --what-if: accept proposed rules that break the safety inequality")
+	fl.Uint64Var(&seed, "seed", 1, "with --what-if: the simulator's seed (latencies and procedure timings)")
 	fl.BoolVar(&partial, "partial", false, "on a damaged file, also render what was read before the damage (marked PARTIAL; exit status 1)")
 	return cmd
 }
@@ -196,9 +234,15 @@ func replayFile(path, pair string, from, to time.Time, partial bool, stderr io.W
 // writeReport renders to path (through a temporary file renamed into
 // place) or to stdout.
 func writeReport(rep *projections.Report, f projections.Format, path string, stdout io.Writer) error {
+	return writeOut(path, stdout, func(w io.Writer) error { return projections.Render(w, rep, f) })
+}
+
+// writeOut writes what render writes to path (through a temporary file
+// renamed into place), or to stdout.
+func writeOut(path string, stdout io.Writer, render func(io.Writer) error) error {
 	if path == "" {
 		w := bufio.NewWriter(stdout)
-		if err := projections.Render(w, rep, f); err != nil {
+		if err := render(w); err != nil {
 			return err
 		}
 		return w.Flush()
@@ -208,7 +252,7 @@ func writeReport(rep *projections.Report, f projections.Format, path string, std
 		return err
 	}
 	defer os.Remove(tmp.Name())
-	if err := projections.Render(tmp, rep, f); err != nil {
+	if err := render(tmp); err != nil {
 		tmp.Close()
 		return err
 	}

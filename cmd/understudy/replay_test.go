@@ -154,6 +154,28 @@ func TestDemoOutReplays(t *testing.T) {
 		t.Errorf("replay wrote to stderr (no terminal, no progress): %q", stderr)
 	}
 
+	// What if the pair had been a tank (failure_threshold 10)? The record's
+	// pattern is the primary's power cut; the recorded rules (read from the
+	// record's config write) fail over as the demo did, the tank later.
+	tank := writeTestFile(t, dir, "tank.yaml", "pair: demo-out\nprimary: site-a\nreplica: site-b\nheartbeat_timeout: 200ms\nfailure_threshold: 10\nsuccess_threshold: 1\nfailover_timeout: 2.6s\nfence_grace: 300ms\n")
+	code, stdout, stderr = runBinary(t, 30*time.Second, "replay", "--file", export, "--what-if", tank, "--format", "json")
+	if code != exitOK {
+		t.Fatalf("replay --what-if exit %d; stderr:\n%s", code, stderr)
+	}
+	var w whatIfOut
+	if err := json.Unmarshal([]byte(stdout), &w); err != nil {
+		t.Fatalf("what-if json: %v\n%s", err, stdout)
+	}
+	if !strings.HasPrefix(w.Schedule, "powercut(site-a)@") || w.Actual.Failovers != 1 || w.Recorded.Failovers != 1 || w.Proposed.Failovers != 1 {
+		t.Errorf("what-if of the demo: schedule %q, failovers actual %d, recorded %d, proposed %d", w.Schedule, w.Actual.Failovers, w.Recorded.Failovers, w.Proposed.Failovers)
+	}
+	if w.Recorded.Rules.FailureThreshold != 2 || !strings.Contains(w.Recorded.PairFile, "heartbeat_timeout: 200ms") {
+		t.Errorf("recorded rules are not the demo's: %+v\n%s", w.Recorded.Rules, w.Recorded.PairFile)
+	}
+	if w.Proposed.UnavailableMS <= w.Recorded.UnavailableMS {
+		t.Errorf("the tank's outage (%.0f ms) is not longer than the recorded rules' (%.0f ms)", w.Proposed.UnavailableMS, w.Recorded.UnavailableMS)
+	}
+
 	// A damaged file: an error with the offset and what was recovered, and
 	// no history on stdout.
 	checkDamaged(t, export)
