@@ -57,6 +57,9 @@ type Config struct {
 	Node string `yaml:"node"`
 	// Pairs are the failover pair members this node hosts.
 	Pairs []PairMember `yaml:"pairs"`
+	// Agent, when set, runs this node's agent: it converges to the
+	// manifest at desired-state.<id> of the fleet bucket.
+	Agent *AgentSection `yaml:"agent"`
 	// BaseDir resolves relative pair file paths: the node file's directory.
 	BaseDir string `yaml:"-"`
 
@@ -202,6 +205,14 @@ type settings struct {
 	logFormat LogFormat
 
 	members []MemberConfig
+	agent   *AgentConfig
+}
+
+// AgentSection is the node file's agent section.
+type AgentSection struct {
+	ID              string `yaml:"id"`               // default: node
+	ObserveInterval string `yaml:"observe_interval"` // default 30s
+	AllowShellJobs  bool   `yaml:"allow_shell_jobs"` // default false
 }
 
 // Validate checks every value and returns all the broken rules at once, as
@@ -321,6 +332,24 @@ func (c Config) resolve() (settings, error) {
 			bad(a.field, "must differ from "+other, a.name)
 		}
 		names[a.name] = a.field
+	}
+
+	if a := c.Agent; a != nil {
+		ac := AgentConfig{ID: a.ID, AllowShellJobs: a.AllowShellJobs}
+		if ac.ID == "" {
+			ac.ID = c.Node
+		}
+		if !agentIDRE.MatchString(ac.ID) {
+			bad("agent.id", "must be lower-case letters, digits, - and _ (default: node)", ac.ID)
+		}
+		if a.ObserveInterval != "" {
+			d, err := time.ParseDuration(a.ObserveInterval)
+			if err != nil || d < 100*time.Millisecond || d > 24*time.Hour {
+				bad("agent.observe_interval", "must be a duration from 100ms to 24h", a.ObserveInterval)
+			}
+			ac.ObserveInterval = d
+		}
+		s.agent = &ac
 	}
 
 	members, perrs := resolvePairs(c.Node, c.Pairs, c.BaseDir)
@@ -464,3 +493,5 @@ func LoadConfigFile(path string) (Config, error) {
 	c.BaseDir = abs
 	return c, nil
 }
+
+var agentIDRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9_-]{0,62}[a-z0-9])?$`)

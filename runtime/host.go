@@ -8,6 +8,7 @@ import (
 	"github.com/anthdm/hollywood/actor"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"understudy/actors/agent"
 	"understudy/actors/failover"
 	"understudy/actors/procedure"
 	"understudy/events"
@@ -16,7 +17,7 @@ import (
 // Codec returns a registry with every event type understudy records.
 func Codec() *events.Registry {
 	reg := events.NewRegistry()
-	for _, register := range []func(*events.Registry) error{failover.RegisterEvents, procedure.RegisterEvents} {
+	for _, register := range []func(*events.Registry) error{failover.RegisterEvents, procedure.RegisterEvents, agent.RegisterEvents} {
 		if err := register(reg); err != nil {
 			panic(fmt.Sprintf("runtime: event registration: %v", err)) // a programming error
 		}

@@ -155,6 +155,13 @@ func (n *node) run(ctx context.Context) error {
 			return fmt.Errorf("runtime: members: %w", err)
 		}
 	}
+	if s.agent != nil {
+		ag, err := StartAgent(ctx, nc, s.fleetBucket, s.eventsStream, *s.agent, n.log)
+		if err != nil {
+			return fmt.Errorf("runtime: agent: %w", err)
+		}
+		defer ag.Stop()
+	}
 	n.log.Info("ready", "client_url", clientURL, "http", n.httpAddr, "nats", mode, "replicas", s.replicas,
 		"failover_bucket", s.failoverBucket, "fleet_bucket", s.fleetBucket, "events_stream", s.eventsStream,
 		"members", len(s.members))

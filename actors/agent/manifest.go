@@ -1,0 +1,208 @@
+package agent
+
+import (
+	"bytes"
+	"fmt"
+	"regexp"
+
+	"github.com/vmihailenco/msgpack/v5"
+	"gopkg.in/yaml.v3"
+
+	"understudy/actors/resources"
+)
+
+// Manifest is an agent's desired state: what an operator applies
+// (`understudy apply`), stored at desired-state.<agent> in the fleet bucket
+// (msgpack). Generation is set by apply: one more than the stored one.
+type Manifest struct {
+	Agent      string     `yaml:"agent" msgpack:"agent" json:"agent"`
+	Generation uint64     `yaml:"generation,omitempty" msgpack:"gen" json:"generation"`
+	Resources  []Resource `yaml:"resources" msgpack:"res" json:"resources"`
+}
+
+// Resource is one managed resource of a manifest. Spec is kind-specific
+// and checked by the kind's reconciler.
+type Resource struct {
+	ID   string         `yaml:"id" msgpack:"id" json:"id"`
+	Kind string         `yaml:"kind" msgpack:"kind" json:"kind"`
+	Spec resources.Spec `yaml:"spec" msgpack:"spec" json:"spec"`
+}
+
+// Limits of a manifest.
+const (
+	MaxResources = 1000
+	MaxIDLen     = 64
+)
+
+var idRule = regexp.MustCompile(`^[a-z0-9]([a-z0-9_-]*[a-z0-9])?$`)
+
+// ManifestError names the field of a manifest that breaks a rule.
+type ManifestError struct {
+	Field string // "resources[2].id"
+	Rule  string
+}
+
+func (e *ManifestError) Error() string { return "manifest: " + e.Field + ": " + e.Rule }
+
+// ParseManifestYAML decodes a manifest file, refusing unknown fields.
+func ParseManifestYAML(data []byte) (Manifest, error) {
+	var m Manifest
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&m); err != nil {
+		return Manifest{}, fmt.Errorf("manifest: %w", err)
+	}
+	return m, nil
+}
+
+// Validate checks the manifest's shape, and each resource's spec with its
+// kind's reconciler when reg knows the kind. A kind reg does not know is
+// not an error here unless strict: an agent keeps such a resource and
+// reports it as UnknownResource, and the rest still converge.
+func (m Manifest) Validate(reg resources.Registry, strict bool) error {
+	if m.Agent == "" {
+		return &ManifestError{"agent", "required"}
+	}
+	if !idRule.MatchString(m.Agent) || len(m.Agent) > MaxIDLen {
+		return &ManifestError{"agent", fmt.Sprintf("must be lower-case letters, digits, - and _, at most %d characters (got %s)", MaxIDLen, m.Agent)}
+	}
+	if len(m.Resources) > MaxResources {
+		return &ManifestError{"resources", fmt.Sprintf("at most %d (got %d)", MaxResources, len(m.Resources))}
+	}
+	seen := map[string]int{}
+	for i, r := range m.Resources {
+		f := func(name string) string { return fmt.Sprintf("resources[%d].%s", i, name) }
+		switch {
+		case r.ID == "":
+			return &ManifestError{f("id"), "required"}
+		case !idRule.MatchString(r.ID) || len(r.ID) > MaxIDLen:
+			return &ManifestError{f("id"), fmt.Sprintf("must be lower-case letters, digits, - and _, at most %d characters (got %s)", MaxIDLen, r.ID)}
+		case r.Kind == "":
+			return &ManifestError{f("kind"), "required"}
+		}
+		if j, dup := seen[r.ID]; dup {
+			return &ManifestError{f("id"), fmt.Sprintf("%s is also resources[%d].id: ids must be unique", r.ID, j)}
+		}
+		seen[r.ID] = i
+		rec, err := reg.Get(r.Kind)
+		if err != nil {
+			if strict {
+				return &ManifestError{f("kind"), fmt.Sprintf("unknown kind %s (known: %v)", r.Kind, reg.Kinds())}
+			}
+			continue
+		}
+		if err := rec.Validate(r.Spec); err != nil {
+			return &ManifestError{f("spec"), err.Error()}
+		}
+	}
+	return nil
+}
+
+// EncodeManifest and DecodeManifest are the wire form (msgpack).
+func EncodeManifest(m Manifest) ([]byte, error) { return msgpack.Marshal(m) }
+
+// DecodeManifest decodes a stored manifest.
+func DecodeManifest(b []byte) (Manifest, error) {
+	var m Manifest
+	if err := msgpack.Unmarshal(b, &m); err != nil {
+		return Manifest{}, fmt.Errorf("manifest: %w", err)
+	}
+	for i := range m.Resources {
+		m.Resources[i].Spec = normalize(m.Resources[i].Spec)
+	}
+	return m, nil
+}
+
+// normalize turns msgpack's decoded maps and integers into the shapes YAML
+// gives (map[string]any, int), so that a spec reads the same either way.
+func normalize(s resources.Spec) resources.Spec {
+	if s == nil {
+		return nil
+	}
+	out := make(resources.Spec, len(s))
+	for k, v := range s {
+		out[k] = normValue(v)
+	}
+	return out
+}
+
+func normValue(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		return normalize(x)
+	case map[any]any:
+		m := make(map[string]any, len(x))
+		for k, vv := range x {
+			m[fmt.Sprint(k)] = normValue(vv)
+		}
+		return m
+	case []any:
+		out := make([]any, len(x))
+		for i := range x {
+			out[i] = normValue(x[i])
+		}
+		return out
+	case int8:
+		return int(x)
+	case int16:
+		return int(x)
+	case int32:
+		return int(x)
+	case int64:
+		return int(x)
+	case uint8:
+		return int(x)
+	case uint16:
+		return int(x)
+	case uint32:
+		return int(x)
+	case uint64:
+		return int(x)
+	}
+	return v
+}
+
+// SpecKey is a stable digest of a resource's kind and spec: an update is a
+// change of it.
+func SpecKey(r Resource) string {
+	b, err := msgpack.Marshal(sortedSpec{r.Kind, r.Spec})
+	if err != nil {
+		return r.Kind + fmt.Sprint(r.Spec)
+	}
+	return string(b)
+}
+
+type sortedSpec struct {
+	Kind string
+	Spec resources.Spec
+}
+
+// EncodeMsgpack sorts map keys so that SpecKey is stable.
+func (s sortedSpec) EncodeMsgpack(enc *msgpack.Encoder) error {
+	enc.SetSortMapKeys(true)
+	return enc.EncodeMulti(s.Kind, s.Spec)
+}
+
+// Diff compares a manifest with the resources an agent runs (id → SpecKey)
+// and returns what to start, update and stop, each in manifest order (stop:
+// sorted).
+func Diff(running map[string]string, m Manifest) (start, update []Resource, stop []string) {
+	want := map[string]bool{}
+	for _, r := range m.Resources {
+		want[r.ID] = true
+		key, ok := running[r.ID]
+		switch {
+		case !ok:
+			start = append(start, r)
+		case key != SpecKey(r):
+			update = append(update, r)
+		}
+	}
+	for id := range running {
+		if !want[id] {
+			stop = append(stop, id)
+		}
+	}
+	sortStrings(stop)
+	return start, update, stop
+}

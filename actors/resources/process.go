@@ -1,0 +1,369 @@
+package resources
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// DefaultInitTimeout bounds an init step without its own timeout.
+const DefaultInitTimeout = 300 * time.Second
+
+// Process supervises local processes: per resource, init steps that run to
+// completion first, in order, then the service, restarted by the agent
+// when it is found not running (restart: always; on-failure: only after a
+// non-zero exit; never). Processes run in their own process group; Delete
+// and StopAll end the group.
+type Process struct {
+	mu    sync.Mutex
+	procs map[string]*proc
+}
+
+type proc struct {
+	key   string
+	cmd   *exec.Cmd
+	done  chan struct{}
+	exit  int
+	inits []string
+}
+
+type initStep struct {
+	Name    string
+	Command []string
+	Env     map[string]string
+	Timeout time.Duration
+}
+
+type processSpec struct {
+	Command []string
+	Env     map[string]string
+	Dir     string
+	Restart string
+	Init    []initStep
+}
+
+// NewProcess returns the process reconciler.
+func NewProcess() *Process { return &Process{procs: map[string]*proc{}} }
+
+func (*Process) Kind() string { return "process" }
+
+func (p *Process) Validate(spec Spec) error { _, err := p.spec(spec); return err }
+
+func (*Process) spec(spec Spec) (processSpec, error) {
+	r := newSpecReader("process", spec)
+	var s processSpec
+	s.Command = append([]string{r.str("command", true)}, r.strs("args")...)
+	s.Env = r.strMap("env")
+	s.Dir = r.str("dir", false)
+	s.Restart = r.oneOf("restart", "always", "always", "on-failure", "never")
+	names := map[string]bool{}
+	for i, st := range r.list("init") {
+		sr := r.sub(fmt.Sprintf("init[%d].", i), st)
+		step := initStep{Name: sr.str("name", true)}
+		step.Command = append([]string{sr.str("command", true)}, sr.strs("args")...)
+		step.Env = sr.strMap("env")
+		step.Timeout = sr.duration("timeout", DefaultInitTimeout)
+		if err := sr.done(); err != nil {
+			return s, err
+		}
+		if names[step.Name] {
+			return s, &SpecError{"process", fmt.Sprintf("init[%d].name", i), "init step names must be unique (" + step.Name + ")"}
+		}
+		names[step.Name] = true
+		s.Init = append(s.Init, step)
+	}
+	if err := r.done(); err != nil {
+		return s, err
+	}
+	return s, nil
+}
+
+func specKeyOf(s processSpec) string { return fmt.Sprintf("%q", s) }
+
+func (p *Process) Observe(_ context.Context, id string, spec Spec) (Observation, error) {
+	s, err := p.spec(spec)
+	if err != nil {
+		return Observation{}, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.observe(id, s), nil
+}
+
+func (p *Process) observe(id string, s processSpec) Observation {
+	pr := p.procs[id]
+	if pr == nil {
+		return Observation{Drift: "not running"}
+	}
+	if pr.key != specKeyOf(s) {
+		return Observation{Drift: "spec changed"}
+	}
+	d := map[string]string{"command": strings.Join(s.Command, " "), "services": id}
+	if len(pr.inits) > 0 {
+		d["init_completed"] = strings.Join(pr.inits, ",")
+	}
+	select {
+	case <-pr.done:
+		d["exit_code"] = strconv.Itoa(pr.exit)
+		if s.Restart == "never" || (s.Restart == "on-failure" && pr.exit == 0) {
+			d["services"] = ""
+			return Observation{InSync: true, Details: d}
+		}
+		return Observation{Drift: fmt.Sprintf("exited (code %d)", pr.exit), Details: d}
+	default:
+		d["pid"] = strconv.Itoa(pr.cmd.Process.Pid)
+		return Observation{InSync: true, Details: d}
+	}
+}
+
+func (p *Process) Reconcile(ctx context.Context, id string, spec Spec) (Observation, error) {
+	s, err := p.spec(spec)
+	if err != nil {
+		return Observation{}, err
+	}
+	p.mu.Lock()
+	if o := p.observe(id, s); o.InSync {
+		p.mu.Unlock()
+		return o, nil
+	}
+	old := p.procs[id]
+	delete(p.procs, id)
+	p.mu.Unlock()
+	stop(old)
+
+	var done []string
+	for _, st := range s.Init {
+		if err := runStep(ctx, id, st.Name, st.Command, st.Env, s.Dir, st.Timeout); err != nil {
+			return Observation{Drift: "init step " + st.Name + " failed"}, fmt.Errorf("init step %s: %w", st.Name, err)
+		}
+		done = append(done, st.Name)
+	}
+	cmd := exec.Command(s.Command[0], s.Command[1:]...)
+	cmd.Env = environ(s.Env)
+	cmd.Dir = s.Dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return Observation{Drift: "not running"}, fmt.Errorf("start %s: %w", s.Command[0], err)
+	}
+	pr := &proc{key: specKeyOf(s), cmd: cmd, done: make(chan struct{}), inits: done}
+	go func() {
+		err := cmd.Wait()
+		pr.exit = exitCode(err)
+		close(pr.done)
+	}()
+	p.mu.Lock()
+	p.procs[id] = pr
+	o := p.observe(id, s)
+	p.mu.Unlock()
+	return o, nil
+}
+
+func (p *Process) Delete(_ context.Context, id string, _ Spec) error {
+	p.mu.Lock()
+	pr := p.procs[id]
+	delete(p.procs, id)
+	p.mu.Unlock()
+	stop(pr)
+	return nil
+}
+
+// StopAll ends every supervised process (the agent is stopping).
+func (p *Process) StopAll() {
+	p.mu.Lock()
+	procs := p.procs
+	p.procs = map[string]*proc{}
+	p.mu.Unlock()
+	for _, pr := range procs {
+		stop(pr)
+	}
+}
+
+// Kill ends a resource's process behind the agent's back (tests: drift).
+func (p *Process) Kill(id string) bool {
+	p.mu.Lock()
+	pr := p.procs[id]
+	p.mu.Unlock()
+	if pr == nil {
+		return false
+	}
+	_ = syscall.Kill(-pr.cmd.Process.Pid, syscall.SIGKILL)
+	<-pr.done
+	return true
+}
+
+// stop ends a process group: SIGTERM, then SIGKILL after 5s.
+func stop(pr *proc) {
+	if pr == nil {
+		return
+	}
+	select {
+	case <-pr.done:
+		return
+	default:
+	}
+	_ = syscall.Kill(-pr.cmd.Process.Pid, syscall.SIGTERM)
+	grace, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	select {
+	case <-pr.done:
+	case <-grace.Done():
+		_ = syscall.Kill(-pr.cmd.Process.Pid, syscall.SIGKILL)
+		<-pr.done
+	}
+}
+
+// runStep runs a command to completion within timeout: Exited{exit_code}
+// (an error when not 0) or TimedOut{waited} (the process group is killed).
+func runStep(ctx context.Context, id, name string, command []string, env map[string]string, dir string, timeout time.Duration) error {
+	done := runsOf(ctx).Started(id, name, command)
+	tctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(tctx, command[0], command[1:]...)
+	cmd.Env = environ(env)
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 2 * time.Second
+	var out tail
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	switch {
+	case errors.Is(tctx.Err(), context.DeadlineExceeded):
+		done(-1, true, fmt.Sprintf("timed out: waited %v", timeout))
+		return fmt.Errorf("timed out: waited %v", timeout)
+	case err != nil && exitCode(err) < 0:
+		done(-1, false, err.Error())
+		return err
+	case err != nil:
+		code := exitCode(err)
+		done(code, false, out.String())
+		return fmt.Errorf("exited %d%s", code, suffix(out.String()))
+	}
+	done(0, false, out.String())
+	return nil
+}
+
+func suffix(s string) string {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return ""
+	}
+	return ": " + s
+}
+
+// exitCode is a finished command's exit code (-1: it did not exit, as
+// when it could not start).
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return ee.ExitCode()
+	}
+	return -1
+}
+
+func environ(env map[string]string) []string {
+	out := os.Environ()
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		out = append(out, k+"="+env[k])
+	}
+	return out
+}
+
+// tail keeps the last 2 KiB of a command's output.
+type tail struct{ b []byte }
+
+func (t *tail) Write(p []byte) (int, error) {
+	t.b = append(t.b, p...)
+	if len(t.b) > 2048 {
+		t.b = t.b[len(t.b)-2048:]
+	}
+	return len(p), nil
+}
+
+func (t *tail) String() string { return strings.TrimSpace(string(t.b)) }
+
+// ShellJob runs a shell command to completion once per spec, when the node
+// allows shell jobs (allow_shell_jobs: true); otherwise every reconcile is
+// refused (ErrRefused). Every run is recorded (Runs) with the command and
+// its exit code. What ran is remembered by the agent process: a restarted
+// agent runs each job again.
+type ShellJob struct {
+	Allowed bool
+	mu      sync.Mutex
+	done    map[string]string // id → the spec that ran successfully
+}
+
+type shellSpec struct {
+	Command string
+	Timeout time.Duration
+}
+
+func (*ShellJob) Kind() string { return "shell-job" }
+
+func (j *ShellJob) Validate(spec Spec) error { _, err := j.spec(spec); return err }
+
+func (*ShellJob) spec(spec Spec) (shellSpec, error) {
+	r := newSpecReader("shell-job", spec)
+	s := shellSpec{Command: r.str("command", true), Timeout: r.duration("timeout", DefaultInitTimeout)}
+	return s, r.done()
+}
+
+func (j *ShellJob) Observe(_ context.Context, id string, spec Spec) (Observation, error) {
+	s, err := j.spec(spec)
+	if err != nil {
+		return Observation{}, err
+	}
+	if !j.Allowed {
+		return Observation{}, fmt.Errorf("shell jobs are not allowed on this node (allow_shell_jobs: false): %w", ErrRefused)
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.done[id] == fmt.Sprint(s) {
+		return Observation{InSync: true, Details: map[string]string{"exit_code": "0"}}, nil
+	}
+	return Observation{Drift: "not run"}, nil
+}
+
+func (j *ShellJob) Reconcile(ctx context.Context, id string, spec Spec) (Observation, error) {
+	o, err := j.Observe(ctx, id, spec)
+	if err != nil || o.InSync {
+		return o, err
+	}
+	s, _ := j.spec(spec)
+	if err := runStep(ctx, id, "job", []string{"/bin/sh", "-c", s.Command}, nil, "", s.Timeout); err != nil {
+		return Observation{Drift: "failed"}, err
+	}
+	j.mu.Lock()
+	if j.done == nil {
+		j.done = map[string]string{}
+	}
+	j.done[id] = fmt.Sprint(s)
+	j.mu.Unlock()
+	return Observation{InSync: true, Details: map[string]string{"exit_code": "0"}}, nil
+}
+
+func (j *ShellJob) Delete(_ context.Context, id string, _ Spec) error {
+	j.mu.Lock()
+	delete(j.done, id)
+	j.mu.Unlock()
+	return nil
+}

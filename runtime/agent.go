@@ -1,0 +1,617 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"sync"
+	"time"
+
+	"github.com/anthdm/hollywood/actor"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"understudy/actors/agent"
+	"understudy/actors/resources"
+	"understudy/events"
+)
+
+// AgentConfig configures a node agent (node file, section agent).
+type AgentConfig struct {
+	ID string
+	// ObserveInterval is how often a Ready resource is observed again to
+	// catch drift the manifest did not cause.
+	ObserveInterval time.Duration
+	// AllowShellJobs lets shell-job resources run (otherwise: Refused).
+	AllowShellJobs bool
+	// RetryBase and RetryMax bound the per-resource retry backoff.
+	RetryBase, RetryMax time.Duration
+	// PresenceInterval is how often presence.<agent> is written.
+	PresenceInterval time.Duration
+}
+
+func (c *AgentConfig) defaults() {
+	if c.ObserveInterval <= 0 {
+		c.ObserveInterval = 30 * time.Second
+	}
+	if c.RetryBase <= 0 {
+		c.RetryBase = time.Second
+	}
+	if c.RetryMax <= 0 {
+		c.RetryMax = 5 * time.Minute
+	}
+	if c.PresenceInterval <= 0 {
+		c.PresenceInterval = 10 * time.Second
+	}
+}
+
+// Agent runs a node agent: a hollywood actor that watches the agent's
+// manifest and one child actor per resource.
+type Agent struct {
+	engine  *actor.Engine
+	pid     *actor.PID
+	Process *resources.Process
+	done    chan struct{}
+}
+
+// Presence is what an agent writes at presence.<agent>.
+type Presence struct {
+	Agent   string    `msgpack:"agent" json:"agent"`
+	Version string    `msgpack:"version" json:"agent_version"`
+	Started time.Time `msgpack:"started" json:"started"`
+	At      time.Time `msgpack:"at" json:"at"`
+}
+
+// PingReply answers device-commands.<agent>.ping.
+type PingReply struct {
+	DeviceID     string  `json:"device_id"`
+	AgentVersion string  `json:"agent_version"`
+	UptimeS      float64 `json:"uptime_s"`
+}
+
+// CommandError is the typed reply to a command the agent cannot serve.
+type CommandError struct {
+	Error string   `json:"error"`
+	Code  string   `json:"code"` // "unknown_verb"
+	Verb  string   `json:"verb"`
+	Verbs []string `json:"verbs"`
+}
+
+// AgentRegistry returns the reconcilers an agent runs.
+func AgentRegistry(cfg AgentConfig, proc *resources.Process) resources.Registry {
+	reg := resources.Registry{}
+	reg.Register(resources.File{})
+	reg.Register(proc)
+	reg.Register(&resources.ShellJob{Allowed: cfg.AllowShellJobs})
+	return reg
+}
+
+// StartAgent starts a node agent on nc. The fleet bucket and the events
+// stream must exist (Provision creates them).
+func StartAgent(ctx context.Context, nc *nats.Conn, fleetBucket, stream string, cfg AgentConfig, logger *slog.Logger) (*Agent, error) {
+	cfg.defaults()
+	if logger == nil {
+		logger = slog.Default()
+	}
+	logger = logger.With("agent", cfg.ID)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	kv, err := events.NewJetStreamKV(ctx, js, fleetBucket)
+	if err != nil {
+		return nil, err
+	}
+	evlog, err := events.NewJetStreamLog(js, stream, Codec())
+	if err != nil {
+		return nil, err
+	}
+	engine, err := actor.NewEngine(actor.NewEngineConfig())
+	if err != nil {
+		return nil, err
+	}
+	proc := resources.NewProcess()
+	a := &Agent{engine: engine, Process: proc, done: make(chan struct{})}
+	aa := &agentActor{cfg: cfg, nc: nc, kv: kv, log: evlog, logger: logger, reg: AgentRegistry(cfg, proc), proc: proc,
+		children: map[string]*actor.PID{}, keys: map[string]string{}, done: a.done,
+		status: agent.Status{Agent: cfg.ID, Resources: map[string]agent.ResourceStatus{}, Conditions: []agent.Condition{}, Version: Version}}
+	a.pid = engine.Spawn(func() actor.Receiver { return aa }, "agent", actor.WithID(cfg.ID))
+	return a, nil
+}
+
+// Stop stops the agent, its resource actors and the processes it runs.
+func (a *Agent) Stop() {
+	<-a.engine.Poison(a.pid).Done()
+	<-a.done
+}
+
+type (
+	manifestMsg struct {
+		m   agent.Manifest
+		err error
+	}
+	resourceUpdate struct {
+		id string
+		st agent.ResourceStatus
+	}
+	resourceGone  struct{ id string }
+	presenceTick  struct{}
+	statusRequest struct{ reply chan agent.Status }
+)
+
+// agentActor is the node agent: it owns the manifest, the status and the
+// resource actors.
+type agentActor struct {
+	cfg      AgentConfig
+	nc       *nats.Conn
+	kv       events.KV
+	log      events.Log
+	logger   *slog.Logger
+	reg      resources.Registry
+	proc     *resources.Process
+	started  time.Time
+	ctx      context.Context
+	cancel   context.CancelFunc
+	sub      *nats.Subscription
+	children map[string]*actor.PID
+	keys     map[string]string // id → spec key of what its actor runs
+	manifest agent.Manifest
+	status   agent.Status
+	statusMu sync.Mutex // guards snapshot, read by the command handler
+	snapshot agent.Status
+	rev      uint64
+	apps     map[string]*appender
+	done     chan struct{}
+}
+
+func (a *agentActor) Receive(c *actor.Context) {
+	switch m := c.Message().(type) {
+	case actor.Started:
+		a.startedAt(c)
+	case actor.Stopped:
+		a.stopped()
+	case manifestMsg:
+		a.onManifest(c, m)
+	case resourceUpdate:
+		a.status.Resources[m.id] = m.st
+		a.publish()
+	case resourceGone:
+		delete(a.status.Resources, m.id)
+		delete(a.children, m.id)
+		delete(a.keys, m.id)
+		a.publish()
+	case presenceTick:
+		a.presence()
+	case statusRequest:
+		m.reply <- a.status
+	}
+}
+
+func (a *agentActor) startedAt(c *actor.Context) {
+	a.started = time.Now()
+	a.apps = map[string]*appender{}
+	a.ctx, a.cancel = context.WithCancel(context.Background())
+	if e, err := a.kv.Get(a.ctx, agent.ActualKey(a.cfg.ID)); err == nil {
+		a.rev = e.Revision
+	}
+	engine, self := c.Engine(), c.PID()
+	w, err := a.kv.Watch(a.ctx, agent.DesiredKey(a.cfg.ID), events.WatchOptions{})
+	if err != nil {
+		a.logger.Error("agent: cannot watch its manifest", "key", agent.DesiredKey(a.cfg.ID), "err", err)
+	} else {
+		go func() {
+			defer w.Stop()
+			for e := range w.Updates() {
+				if e.Revision == 0 || e.Op != events.OpPut {
+					continue
+				}
+				m, err := agent.DecodeManifest(e.Value)
+				engine.Send(self, manifestMsg{m, err})
+			}
+		}()
+	}
+	sub, err := a.nc.Subscribe(agent.CommandSubject(a.cfg.ID, "*"), a.command)
+	if err != nil {
+		a.logger.Error("agent: cannot serve device commands", "err", err)
+	}
+	a.sub = sub
+	go func() {
+		t := time.NewTicker(a.cfg.PresenceInterval)
+		defer t.Stop()
+		engine.Send(self, presenceTick{})
+		for {
+			select {
+			case <-a.ctx.Done():
+				return
+			case <-t.C:
+				engine.Send(self, presenceTick{})
+			}
+		}
+	}()
+	a.publish()
+	a.logger.Info("agent ready", "manifest_key", agent.DesiredKey(a.cfg.ID), "kinds", a.reg.Kinds())
+}
+
+func (a *agentActor) stopped() {
+	if a.sub != nil {
+		_ = a.sub.Unsubscribe()
+	}
+	a.cancel()
+	a.proc.StopAll()
+	for _, ap := range a.apps {
+		ap.stop()
+	}
+	close(a.done)
+}
+
+// command answers device-commands.<agent>.<verb> (on a NATS goroutine).
+func (a *agentActor) command(msg *nats.Msg) {
+	verb := msg.Subject[len(agent.CommandSubject(a.cfg.ID, "")):]
+	var reply any
+	switch verb {
+	case "ping":
+		reply = PingReply{DeviceID: a.cfg.ID, AgentVersion: Version, UptimeS: time.Since(a.started).Seconds()}
+	case "status":
+		a.statusMu.Lock()
+		reply = a.snapshot
+		a.statusMu.Unlock()
+	default:
+		reply = CommandError{Error: fmt.Sprintf("unknown verb %q", verb), Code: "unknown_verb", Verb: verb, Verbs: []string{"ping", "status"}}
+	}
+	b, err := json.Marshal(reply)
+	if err != nil {
+		a.logger.Error("agent: encode reply", "verb", verb, "err", err)
+		return
+	}
+	_ = msg.Respond(b)
+}
+
+func (a *agentActor) presence() {
+	b, err := msgpack.Marshal(Presence{Agent: a.cfg.ID, Version: Version, Started: a.started.UTC(), At: time.Now().UTC()})
+	if err == nil {
+		ctx, cancel := context.WithTimeout(a.ctx, 5*time.Second)
+		defer cancel()
+		if _, err := a.kv.Put(ctx, agent.PresenceKey(a.cfg.ID), b); err != nil && a.ctx.Err() == nil {
+			a.logger.Warn("agent: presence write failed", "err", err)
+		}
+	}
+}
+
+func (a *agentActor) condition(typ string, ok bool, reason, message string) {
+	for i, c := range a.status.Conditions {
+		if c.Type == typ {
+			if c.Status != ok || c.Reason != reason || c.Message != message {
+				a.status.Conditions[i] = agent.Condition{Type: typ, Status: ok, Reason: reason, Message: message, Since: time.Now().UTC()}
+			}
+			return
+		}
+	}
+	a.status.Conditions = append(a.status.Conditions, agent.Condition{Type: typ, Status: ok, Reason: reason, Message: message, Since: time.Now().UTC()})
+}
+
+func (a *agentActor) onManifest(c *actor.Context, mm manifestMsg) {
+	m, err := mm.m, mm.err
+	if err == nil && m.Agent != a.cfg.ID {
+		err = fmt.Errorf("manifest: agent: names %s, not this agent (%s)", m.Agent, a.cfg.ID)
+	}
+	if err == nil {
+		err = m.Validate(a.reg, false)
+	}
+	if err != nil {
+		// A bad manifest in KV (written around apply's checks): keep what
+		// runs, and say why.
+		a.logger.Error("agent: manifest refused; the resources keep their last spec", "generation", m.Generation, "err", err)
+		a.condition("ManifestValid", false, "Invalid", err.Error())
+		a.publish()
+		return
+	}
+	a.condition("ManifestValid", true, "", "")
+	a.manifest = m
+	a.status.ManifestGeneration = m.Generation
+	start, update, stop := agent.Diff(a.keys, m)
+	for _, id := range stop {
+		if pid := a.children[id]; pid != nil {
+			c.Send(pid, deleteResource{})
+		} else {
+			delete(a.status.Resources, id)
+			delete(a.keys, id)
+		}
+	}
+	for _, r := range append(start, update...) {
+		a.keys[r.ID] = agent.SpecKey(r)
+		rec, err := a.reg.Get(r.Kind)
+		if err != nil {
+			// Kept and reported, never dropped: the rest still converge.
+			if pid := a.children[r.ID]; pid != nil {
+				c.Send(pid, deleteResource{keep: true})
+				delete(a.children, r.ID)
+			}
+			st := agent.ResourceStatus{Kind: r.Kind, Phase: agent.UnknownResource, Since: time.Now().UTC(), Generation: m.Generation,
+				Error: fmt.Sprintf("no reconciler for kind %s on this agent (kinds: %v)", r.Kind, a.reg.Kinds())}
+			a.status.Resources[r.ID] = st
+			a.event(r.ID, &agent.PhaseChanged{Agent: a.cfg.ID, ID: r.ID, Kind: r.Kind, Generation: m.Generation, Phase: st.Phase, Error: st.Error})
+			continue
+		}
+		if pid := a.children[r.ID]; pid != nil {
+			c.Send(pid, specMsg{r: r, gen: m.Generation})
+			continue
+		}
+		a.status.Resources[r.ID] = agent.ResourceStatus{Kind: r.Kind, Phase: agent.Pending, Since: time.Now().UTC(), Generation: m.Generation}
+		ra := &managedActor{agent: a.cfg.ID, cfg: a.cfg, rec: rec, r: r, gen: m.Generation, log: a.appenderFor(r.ID), logger: a.logger.With("resource", r.ID)}
+		a.children[r.ID] = c.SpawnChild(func() actor.Receiver { return ra }, "resource", actor.WithID(r.ID))
+	}
+	// Resources whose spec did not change are reconciled against the new
+	// generation too (their status says which generation they are for).
+	for _, r := range m.Resources {
+		if pid := a.children[r.ID]; pid != nil && !contains(start, r.ID) && !contains(update, r.ID) {
+			c.Send(pid, specMsg{r: r, gen: m.Generation})
+		}
+	}
+	a.publish()
+}
+
+func contains(rs []agent.Resource, id string) bool {
+	for _, r := range rs {
+		if r.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
+func (a *agentActor) appenderFor(id string) *appender {
+	ap := a.apps[id]
+	if ap == nil {
+		ap = newAppender(a.log, agent.Subject(a.cfg.ID, id), a.logger)
+		ap.start()
+		a.apps[id] = ap
+	}
+	return ap
+}
+
+func (a *agentActor) event(id string, ev events.Event) { a.appenderFor(id).add(ev) }
+
+// publish recomputes the observed generation and writes the status by CAS
+// on the revision of the agent's own last write.
+func (a *agentActor) publish() {
+	obs := a.status.ManifestGeneration
+	for _, r := range a.status.Resources {
+		if r.Generation < obs {
+			obs = r.Generation
+		}
+	}
+	if a.status.Settled() {
+		a.status.ObservedGeneration = obs
+	}
+	conv := a.status.Converged()
+	reason := "NotConverged"
+	if conv {
+		reason = "AllReady"
+	}
+	a.condition("Converged", conv, reason, "")
+	a.status.Updated = time.Now().UTC()
+	snap := a.status
+	snap.Resources = maps.Clone(a.status.Resources)
+	a.statusMu.Lock()
+	a.snapshot = snap
+	a.statusMu.Unlock()
+	b, err := agent.EncodeStatus(snap)
+	if err != nil {
+		a.logger.Error("agent: encode status", "err", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(a.ctx, 5*time.Second)
+	defer cancel()
+	key := agent.ActualKey(a.cfg.ID)
+	for range 3 {
+		var rev uint64
+		if a.rev == 0 {
+			rev, err = a.kv.Create(ctx, key, b)
+		} else {
+			rev, err = a.kv.Update(ctx, key, b, a.rev)
+		}
+		if err == nil {
+			a.rev = rev
+			return
+		}
+		if !errors.Is(err, events.ErrConflict) {
+			break
+		}
+		// Another writer (a previous run of this agent): take its revision.
+		e, gerr := a.kv.Get(ctx, key)
+		if gerr != nil {
+			err = gerr
+			break
+		}
+		a.rev = e.Revision
+	}
+	if a.ctx.Err() == nil {
+		a.logger.Warn("agent: status write failed", "key", key, "err", err)
+	}
+}
+
+type (
+	specMsg struct {
+		r   agent.Resource
+		gen uint64
+	}
+	deleteResource struct{ keep bool } // keep: stop the actor without deleting the resource
+	managedTick    struct{ n uint64 }
+)
+
+// managedActor reconciles one resource: at start and on every spec,
+// again on a timer (drift), and after failures with backoff.
+type managedActor struct {
+	agent    string
+	cfg      AgentConfig
+	rec      resources.Reconciler
+	r        agent.Resource
+	gen      uint64
+	log      *appender
+	logger   *slog.Logger
+	failures int
+	phase    agent.Phase
+	since    time.Time
+	tick     uint64
+	timer    *time.Timer
+}
+
+func (ra *managedActor) Receive(c *actor.Context) {
+	switch m := c.Message().(type) {
+	case actor.Started:
+		ra.reconcile(c, "")
+	case actor.Stopped:
+		if ra.timer != nil {
+			ra.timer.Stop()
+		}
+	case specMsg:
+		changed := agent.SpecKey(m.r) != agent.SpecKey(ra.r)
+		ra.r, ra.gen = m.r, m.gen
+		if changed {
+			ra.failures = 0
+			ra.reconcile(c, "spec changed")
+		} else if ra.phase == agent.Ready {
+			ra.report(c, agent.ResourceStatus{Phase: agent.Ready, Since: ra.since}, nil)
+		}
+	case managedTick:
+		if m.n != ra.tick {
+			return
+		}
+		if ra.phase == agent.Ready {
+			o, err := ra.rec.Observe(ra.runsCtx(), ra.r.ID, ra.r.Spec)
+			if err == nil && o.InSync {
+				ra.schedule(c, ra.cfg.ObserveInterval)
+				return
+			}
+			drift := o.Drift
+			if err != nil {
+				drift = err.Error()
+			}
+			ra.reconcile(c, drift)
+			return
+		}
+		ra.reconcile(c, "")
+	case deleteResource:
+		if ra.timer != nil {
+			ra.timer.Stop()
+		}
+		if !m.keep {
+			err := ra.rec.Delete(context.Background(), ra.r.ID, ra.r.Spec)
+			ev := &agent.Deleted{Agent: ra.agent, ID: ra.r.ID, Kind: ra.r.Kind}
+			if err != nil {
+				ev.Error = err.Error()
+				ra.logger.Error("resource delete failed", "err", err)
+			}
+			ra.log.add(ev)
+			c.Send(c.Parent(), resourceGone{id: ra.r.ID})
+		}
+		c.Engine().Poison(c.PID())
+	}
+}
+
+func (ra *managedActor) runsCtx() context.Context {
+	return resources.WithRuns(context.Background(), runRecorder{ra})
+}
+
+// runRecorder records every command a reconciler runs as an agent.Ran event.
+type runRecorder struct{ ra *managedActor }
+
+func (r runRecorder) Started(id, step string, command []string) func(int, bool, string) {
+	start := time.Now()
+	return func(code int, timedOut bool, detail string) {
+		if len(detail) > 1024 {
+			detail = detail[len(detail)-1024:]
+		}
+		r.ra.log.add(&agent.Ran{Agent: r.ra.agent, ID: id, Step: step, Command: command, ExitCode: code, TimedOut: timedOut, Took: time.Since(start), Detail: detail})
+	}
+}
+
+func (ra *managedActor) reconcile(c *actor.Context, drift string) {
+	ra.report(c, agent.ResourceStatus{Phase: agent.Reconciling}, &agent.PhaseChanged{Drift: drift})
+	o, err := ra.rec.Reconcile(ra.runsCtx(), ra.r.ID, ra.r.Spec)
+	switch {
+	case err == nil && o.InSync:
+		ra.failures = 0
+		ra.report(c, agent.ResourceStatus{Phase: agent.Ready, Details: o.Details}, &agent.PhaseChanged{Details: o.Details})
+		ra.schedule(c, ra.cfg.ObserveInterval)
+	case errors.Is(err, resources.ErrRefused):
+		ra.report(c, agent.ResourceStatus{Phase: agent.Refused, Error: err.Error()}, &agent.PhaseChanged{Error: err.Error()})
+	default:
+		if err == nil {
+			err = fmt.Errorf("still out of sync after reconcile: %s", o.Drift)
+		}
+		ra.failures++
+		wait := agent.Backoff(ra.failures, ra.cfg.RetryBase, ra.cfg.RetryMax)
+		retry := time.Now().Add(wait).UTC()
+		ra.report(c, agent.ResourceStatus{Phase: agent.Failed, Error: err.Error(), RetryAfter: &retry, Failures: ra.failures},
+			&agent.PhaseChanged{Error: err.Error(), RetryIn: wait})
+		ra.logger.Warn("resource failed; retrying", "kind", ra.r.Kind, "retry_in", wait, "failures", ra.failures, "err", err)
+		ra.schedule(c, wait)
+	}
+}
+
+// report sends the status to the agent and records the transition.
+func (ra *managedActor) report(c *actor.Context, st agent.ResourceStatus, ev *agent.PhaseChanged) {
+	if st.Phase != ra.phase || st.Since.IsZero() {
+		if st.Phase != ra.phase {
+			ra.since = time.Now().UTC()
+		}
+		st.Since = ra.since
+	}
+	ra.phase = st.Phase
+	st.Kind, st.Generation = ra.r.Kind, ra.gen
+	if ev != nil {
+		ev.Agent, ev.ID, ev.Kind, ev.Generation, ev.Phase = ra.agent, ra.r.ID, ra.r.Kind, ra.gen, st.Phase
+		ra.log.add(ev)
+	}
+	c.Send(c.Parent(), resourceUpdate{id: ra.r.ID, st: st})
+}
+
+func (ra *managedActor) schedule(c *actor.Context, d time.Duration) {
+	ra.tick++
+	n, engine, self := ra.tick, c.Engine(), c.PID()
+	if ra.timer != nil {
+		ra.timer.Stop()
+	}
+	ra.timer = time.AfterFunc(d, func() { engine.Send(self, managedTick{n: n}) })
+}
+
+// ApplyManifest stores m as the agent's desired state with the next
+// generation, by compare-and-set on the stored one (a concurrent apply
+// makes it fail with events.ErrConflict rather than lose either). m is
+// validated first against reg: fields and rules of the known kinds; a
+// kind reg does not know is left to the agent (UnknownResource).
+func ApplyManifest(ctx context.Context, kv events.KV, m agent.Manifest, reg resources.Registry) (agent.Manifest, uint64, error) {
+	if err := m.Validate(reg, false); err != nil {
+		return m, 0, err
+	}
+	key := agent.DesiredKey(m.Agent)
+	cur, err := kv.Get(ctx, key)
+	switch {
+	case errors.Is(err, events.ErrNotFound):
+		m.Generation = 1
+		b, err := agent.EncodeManifest(m)
+		if err != nil {
+			return m, 0, err
+		}
+		rev, err := kv.Create(ctx, key, b)
+		return m, rev, err
+	case err != nil:
+		return m, 0, err
+	}
+	old, err := agent.DecodeManifest(cur.Value)
+	if err != nil {
+		return m, 0, fmt.Errorf("the stored manifest %s (revision %d) does not decode: %w", key, cur.Revision, err)
+	}
+	m.Generation = old.Generation + 1
+	b, err := agent.EncodeManifest(m)
+	if err != nil {
+		return m, 0, err
+	}
+	rev, err := kv.Update(ctx, key, b, cur.Revision)
+	return m, rev, err
+}

@@ -1,0 +1,241 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"understudy/actors/agent"
+	"understudy/actors/resources"
+	"understudy/events"
+)
+
+type agentWorld struct {
+	t     *testing.T
+	nats  *failoverNATS
+	nc    *nats.Conn
+	fleet events.KV
+	a     *Agent
+	id    string
+}
+
+func startAgentWorld(t *testing.T, cfg AgentConfig) *agentWorld {
+	t.Helper()
+	fn := startFailoverNATS(t)
+	nc := connectTo(t, "nats://"+fn.addr)
+	ctx := context.Background()
+	fleet, err := events.NewJetStreamKV(ctx, fn.js, fn.names.FleetBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := StartAgent(ctx, nc, fn.names.FleetBucket, fn.names.EventsStream, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Stop)
+	return &agentWorld{t: t, nats: fn, nc: nc, fleet: fleet, a: a, id: cfg.ID}
+}
+
+func (w *agentWorld) apply(m agent.Manifest) agent.Manifest {
+	w.t.Helper()
+	m.Agent = w.id
+	m, _, err := ApplyManifest(context.Background(), w.fleet, m, AgentRegistry(AgentConfig{}, resources.NewProcess()))
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return m
+}
+
+// waitStatus polls actual-state.<agent> until ok holds.
+func (w *agentWorld) waitStatus(what string, ok func(agent.Status) bool) agent.Status {
+	w.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	var last agent.Status
+	for time.Now().Before(deadline) {
+		if e, err := w.fleet.Get(context.Background(), agent.ActualKey(w.id)); err == nil {
+			s, err := agent.DecodeStatus(e.Value)
+			if err != nil {
+				w.t.Fatal(err)
+			}
+			last = s
+			if ok(s) {
+				return s
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	b, _ := json.MarshalIndent(last, "", "  ")
+	w.t.Fatalf("status never %s; last:\n%s", what, b)
+	return last
+}
+
+func res(id, kind string, spec map[string]any) agent.Resource {
+	return agent.Resource{ID: id, Kind: kind, Spec: spec}
+}
+
+func TestAgentConvergesRepairsDriftAndAppliesChanges(t *testing.T) {
+	w := startAgentWorld(t, AgentConfig{ID: "n1", ObserveInterval: 100 * time.Millisecond, RetryBase: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond})
+	dir := t.TempDir()
+	motd := filepath.Join(dir, "motd")
+	marker := filepath.Join(dir, "prepared")
+	m := w.apply(agent.Manifest{Resources: []agent.Resource{
+		res("motd", "file", map[string]any{"path": motd, "mode": "0640", "content": "hello\n"}),
+		res("svc", "process", map[string]any{"command": "sleep", "args": []any{"60"},
+			"init": []any{map[string]any{"name": "prepare", "command": "touch", "args": []any{marker}}}}),
+		res("gizmo", "gizmo", map[string]any{"size": 3}),
+		res("job", "shell-job", map[string]any{"command": "echo hi"}),
+	}})
+	ready := func(s agent.Status, id string) bool {
+		r, ok := s.Resources[id]
+		return ok && r.Phase == agent.Ready && r.Generation == s.ManifestGeneration
+	}
+	s := w.waitStatus("converged (but for the unknown kind and the refused job)", func(s agent.Status) bool {
+		return s.ManifestGeneration == m.Generation && ready(s, "motd") && ready(s, "svc") &&
+			s.Resources["gizmo"].Phase == agent.UnknownResource && s.Resources["job"].Phase == agent.Refused
+	})
+	if s.Converged() || !s.Settled() || s.ObservedGeneration != m.Generation {
+		t.Errorf("converged %v settled %v observed %d (manifest %d)", s.Converged(), s.Settled(), s.ObservedGeneration, m.Generation)
+	}
+	if !strings.Contains(s.Resources["gizmo"].Error, "gizmo") || !strings.Contains(s.Resources["job"].Error, "allow_shell_jobs") {
+		t.Errorf("unknown kind / refused job errors: %q / %q", s.Resources["gizmo"].Error, s.Resources["job"].Error)
+	}
+	if b, err := os.ReadFile(motd); err != nil || string(b) != "hello\n" {
+		t.Fatalf("motd: %q %v", b, err)
+	}
+	if st, _ := os.Stat(motd); st.Mode().Perm() != 0o640 {
+		t.Errorf("motd mode %v", st.Mode())
+	}
+	if _, err := os.Stat(marker); err != nil {
+		t.Errorf("the init step did not run: %v", err)
+	}
+	svc := s.Resources["svc"].Details
+	if svc["init_completed"] != "prepare" || svc["services"] != "svc" || svc["pid"] == "" {
+		t.Errorf("process details %v: init steps done, not listed among services", svc)
+	}
+
+	// Drift behind the agent's back: the file's content and mode, the
+	// process killed. Both are repaired by the periodic observation.
+	if err := os.WriteFile(motd, []byte("tampered\n"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if !w.a.Process.Kill("svc") {
+		t.Fatal("no process to kill")
+	}
+	w.waitStatus("repaired", func(s agent.Status) bool {
+		b, _ := os.ReadFile(motd)
+		return string(b) == "hello\n" && ready(s, "svc") && s.Resources["svc"].Details["pid"] != svc["pid"]
+	})
+
+	// A new manifest: the file is gone from it (deleted from disk), the
+	// process's env changed (restarted), the rest stays.
+	m2 := w.apply(agent.Manifest{Resources: []agent.Resource{
+		res("svc", "process", map[string]any{"command": "sleep", "args": []any{"60"}, "env": map[string]any{"MODE": "b"}}),
+	}})
+	s = w.waitStatus("converged on generation 2", func(s agent.Status) bool {
+		return s.ManifestGeneration == m2.Generation && len(s.Resources) == 1 && ready(s, "svc") && s.Converged()
+	})
+	if _, err := os.Stat(motd); !os.IsNotExist(err) {
+		t.Errorf("motd left the manifest but is still on disk: %v", err)
+	}
+	if s.ObservedGeneration != m2.Generation {
+		t.Errorf("observed generation %d, want %d", s.ObservedGeneration, m2.Generation)
+	}
+
+	// Every transition is an event on the resource's subject.
+	seen := map[string]int{}
+	for rec, err := range w.nats.evlog.Read(context.Background(), events.ReadOptions{Subject: "ev.agent.n1.>"}) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, err := Codec().DecodeRecord(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[rec.Subject+" "+ev.EventType()]++
+	}
+	for _, want := range []string{"ev.agent.n1.motd agent.deleted", "ev.agent.n1.svc agent.ran", "ev.agent.n1.gizmo agent.phase_changed", "ev.agent.n1.motd agent.phase_changed"} {
+		if seen[want] == 0 {
+			t.Errorf("no %s event; seen %v", want, seen)
+		}
+	}
+}
+
+func TestAgentInitStepOutcomesAndBackoff(t *testing.T) {
+	w := startAgentWorld(t, AgentConfig{ID: "n2", ObserveInterval: time.Second, RetryBase: 50 * time.Millisecond, RetryMax: 400 * time.Millisecond})
+	w.apply(agent.Manifest{Resources: []agent.Resource{
+		res("fails", "process", map[string]any{"command": "sleep", "args": []any{"60"},
+			"init": []any{map[string]any{"name": "check", "command": "sh", "args": []any{"-c", "echo broken >&2; exit 3"}}}}),
+		res("hangs", "process", map[string]any{"command": "sleep", "args": []any{"60"},
+			"init": []any{map[string]any{"name": "wait", "command": "sleep", "args": []any{"30"}, "timeout": "200ms"}}}),
+	}})
+	s := w.waitStatus("failed twice each", func(s agent.Status) bool {
+		return s.Resources["fails"].Failures >= 2 && s.Resources["hangs"].Failures >= 2
+	})
+	f, h := s.Resources["fails"], s.Resources["hangs"]
+	if f.Phase != agent.Failed || !strings.Contains(f.Error, "init step check: exited 3: broken") || f.RetryAfter == nil {
+		t.Errorf("failing init step: %+v", f)
+	}
+	if h.Phase != agent.Failed || !strings.Contains(h.Error, "init step wait: timed out: waited 200ms") {
+		t.Errorf("hanging init step: %+v", h)
+	}
+}
+
+func TestAgentCommands(t *testing.T) {
+	w := startAgentWorld(t, AgentConfig{ID: "n3"})
+	w.apply(agent.Manifest{Resources: []agent.Resource{res("x", "gizmo", nil)}})
+	w.waitStatus("with x", func(s agent.Status) bool { return s.Resources["x"].Phase == agent.UnknownResource })
+	ask := func(verb string, into any) {
+		msg, err := w.nc.Request(agent.CommandSubject("n3", verb), nil, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(msg.Data, into); err != nil {
+			t.Fatalf("%s: %v: %s", verb, err, msg.Data)
+		}
+	}
+	var p PingReply
+	ask("ping", &p)
+	if p.DeviceID != "n3" || p.AgentVersion != Version || p.UptimeS <= 0 {
+		t.Errorf("ping %+v", p)
+	}
+	var s agent.Status
+	ask("status", &s)
+	if s.Agent != "n3" || s.Resources["x"].Phase != agent.UnknownResource {
+		t.Errorf("status %+v", s)
+	}
+	var e CommandError
+	ask("reboot", &e)
+	if e.Code != "unknown_verb" || e.Verb != "reboot" {
+		t.Errorf("unknown verb: %+v", e)
+	}
+	if _, err := w.fleet.Get(context.Background(), agent.PresenceKey("n3")); err != nil {
+		t.Errorf("no presence: %v", err)
+	}
+}
+
+func TestApplyManifestRefusesBadSpecs(t *testing.T) {
+	w := startAgentWorld(t, AgentConfig{ID: "n4"})
+	reg := AgentRegistry(AgentConfig{}, resources.NewProcess())
+	for _, tc := range []struct {
+		m    agent.Manifest
+		want string
+	}{
+		{agent.Manifest{Agent: "n4", Resources: []agent.Resource{res("a", "file", map[string]any{"path": "relative", "content": "x"})}}, "resources[0].spec: file spec: path: must be an absolute, clean path"},
+		{agent.Manifest{Agent: "n4", Resources: []agent.Resource{res("a", "file", map[string]any{"path": "/tmp/a", "content": "x", "colour": "red"})}}, "colour: unknown field"},
+		{agent.Manifest{Agent: "n4", Resources: []agent.Resource{res("a", "process", map[string]any{})}}, "process spec: command: required"},
+		{agent.Manifest{Agent: "n4", Resources: []agent.Resource{res("a", "file", nil), res("a", "file", nil)}}, ""},
+		{agent.Manifest{Agent: "N4"}, "manifest: agent: must be lower-case"},
+		{agent.Manifest{Agent: "n4", Resources: []agent.Resource{{ID: "a"}}}, "resources[0].kind: required"},
+	} {
+		_, _, err := ApplyManifest(context.Background(), w.fleet, tc.m, reg)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: err %v, want %q", tc.m, err, tc.want)
+		}
+	}
+}
