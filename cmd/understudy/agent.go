@@ -1,0 +1,181 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"understudy/actors/agent"
+	"understudy/actors/resources"
+	"understudy/events"
+	"understudy/runtime"
+)
+
+// fleetFlags are the NATS flags of the fleet commands.
+func fleetFlags(cmd *cobra.Command) *natsFlags {
+	nf := &natsFlags{}
+	cmd.Flags().StringVar(&nf.url, "nats-url", envOr("UNDERSTUDY_NATS_URL", "nats://127.0.0.1:4222"), "NATS URL ($UNDERSTUDY_NATS_URL); user, password and creds come from $UNDERSTUDY_NATS_USER, _PASSWORD, _CREDS")
+	cmd.Flags().StringVar(&nf.bucket, "fleet-bucket", runtime.DefaultFleetBucket, "fleet KV bucket")
+	return nf
+}
+
+func newApplyCmd(stdout io.Writer) *cobra.Command {
+	var file, agentID string
+	cmd := &cobra.Command{
+		Use:   "apply -f MANIFEST.yaml [--agent ID]",
+		Short: "Store an agent's desired state (a manifest of resources); the agent converges to it",
+		Long: `Validate a manifest (fields and rules of every known kind; a kind this build
+does not know is left to the agent, which reports it as UnknownResource) and
+store it at desired-state.<agent> in the fleet bucket with the next
+generation, by compare-and-set. --agent overrides or supplies the manifest's
+agent. Follow the agent's progress with 'understudy get status --agent ID'.`,
+		Args: cobra.NoArgs,
+	}
+	nf := fleetFlags(cmd)
+	cmd.Flags().StringVarP(&file, "file", "f", "", "manifest file (YAML)")
+	cmd.Flags().StringVar(&agentID, "agent", "", "agent ID (default: the manifest's agent)")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		usage := func(err error) error { return &usageError{cmd: cmd.CommandPath(), err: err} }
+		if file == "" {
+			return usage(errors.New("give the manifest with -f FILE"))
+		}
+		data, err := os.ReadFile(file)
+		if err != nil {
+			return usage(err)
+		}
+		m, err := agent.ParseManifestYAML(data)
+		if err != nil {
+			return usage(fmt.Errorf("%s: %w", file, err))
+		}
+		if agentID != "" {
+			if m.Agent != "" && m.Agent != agentID {
+				return usage(fmt.Errorf("%s: agent: names %s, but --agent is %s", file, m.Agent, agentID))
+			}
+			m.Agent = agentID
+		}
+		if m.Generation != 0 {
+			return usage(fmt.Errorf("%s: generation: set by apply, not by the file (got %d)", file, m.Generation))
+		}
+		reg := runtime.AgentRegistry(runtime.AgentConfig{}, resources.NewProcess())
+		if err := m.Validate(reg, false); err != nil {
+			return usage(fmt.Errorf("%s: %w", file, err))
+		}
+		nc, kv, err := nf.connect(cmd.Context())
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		m, rev, err := runtime.ApplyManifest(cmd.Context(), kv, m, reg)
+		if errors.Is(err, events.ErrConflict) {
+			return fmt.Errorf("apply: another apply to agent %s landed first; run it again: %w", m.Agent, err)
+		}
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "applied manifest generation %d for agent %s (%d resources, revision %d)\n", m.Generation, m.Agent, len(m.Resources), rev)
+		return nil
+	}
+	return cmd
+}
+
+func newGetCmd(stdout io.Writer) *cobra.Command {
+	get := &cobra.Command{Use: "get", Short: "Read fleet state"}
+	var agentID string
+	var asJSON bool
+	status := &cobra.Command{
+		Use:   "status --agent ID [--json]",
+		Short: "An agent's reported status: every resource's phase, and whether it converged",
+		Args:  cobra.NoArgs,
+	}
+	nf := fleetFlags(status)
+	status.Flags().StringVar(&agentID, "agent", "", "agent ID")
+	status.Flags().BoolVar(&asJSON, "json", false, "print the status as JSON")
+	status.RunE = func(cmd *cobra.Command, _ []string) error {
+		if agentID == "" {
+			return &usageError{cmd: cmd.CommandPath(), err: errors.New("give --agent ID")}
+		}
+		nc, kv, err := nf.connect(cmd.Context())
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		e, err := kv.Get(cmd.Context(), agent.ActualKey(agentID))
+		if err != nil {
+			return fmt.Errorf("agent %s: no status at %s: %w (is the agent running?)", agentID, agent.ActualKey(agentID), err)
+		}
+		s, err := agent.DecodeStatus(e.Value)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			return enc.Encode(s)
+		}
+		fmt.Fprintf(stdout, "agent %s (%s): manifest generation %d, observed %d, converged %v, updated %s\n",
+			s.Agent, s.Version, s.ManifestGeneration, s.ObservedGeneration, s.Converged(), s.Updated.Format(time.RFC3339))
+		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tKIND\tPHASE\tSINCE\tDETAIL")
+		for _, id := range s.IDs() {
+			r := s.Resources[id]
+			detail := r.Error
+			if detail == "" && len(r.Details) > 0 {
+				var parts []string
+				for k, v := range r.Details {
+					parts = append(parts, k+"="+v)
+				}
+				slices.Sort(parts)
+				detail = strings.Join(parts, " ")
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", id, r.Kind, r.Phase, r.Since.Format(time.RFC3339), detail)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		for _, c := range s.Conditions {
+			fmt.Fprintf(stdout, "condition %s=%v %s %s\n", c.Type, c.Status, c.Reason, c.Message)
+		}
+		return nil
+	}
+	get.AddCommand(status)
+	return get
+}
+
+func newPingCmd(stdout io.Writer) *cobra.Command {
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "ping AGENT",
+		Short: "Ask an agent for its ID, version and uptime (device-commands.<agent>.ping)",
+		Args:  cobra.ExactArgs(1),
+	}
+	nf := fleetFlags(cmd)
+	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Second, "how long to wait for the reply")
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		nc, _, err := nf.connect(cmd.Context())
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		start := time.Now()
+		msg, err := nc.Request(agent.CommandSubject(args[0], "ping"), nil, timeout)
+		if err != nil {
+			return fmt.Errorf("ping %s: %w", args[0], err)
+		}
+		rtt := time.Since(start)
+		var p runtime.PingReply
+		if err := json.Unmarshal(msg.Data, &p); err != nil {
+			return fmt.Errorf("ping %s: reply %q: %w", args[0], msg.Data, err)
+		}
+		fmt.Fprintf(stdout, "%s: agent %s, up %.1fs, round trip %v\n", p.DeviceID, p.AgentVersion, p.UptimeS, rtt.Round(time.Microsecond))
+		return nil
+	}
+	return cmd
+}
