@@ -52,10 +52,9 @@ func (c *AgentConfig) defaults() {
 // Agent runs a node agent: a hollywood actor that watches the agent's
 // manifest and one child actor per resource.
 type Agent struct {
-	engine  *actor.Engine
-	pid     *actor.PID
-	Process *resources.Process
-	done    chan struct{}
+	engine *actor.Engine
+	pid    *actor.PID
+	done   chan struct{}
 }
 
 // Presence is what an agent writes at presence.<agent>.
@@ -115,7 +114,7 @@ func StartAgent(ctx context.Context, nc *nats.Conn, fleetBucket, stream string, 
 		return nil, err
 	}
 	proc := resources.NewProcess()
-	a := &Agent{engine: engine, Process: proc, done: make(chan struct{})}
+	a := &Agent{engine: engine, done: make(chan struct{})}
 	aa := &agentActor{cfg: cfg, nc: nc, kv: kv, log: evlog, logger: logger, reg: AgentRegistry(cfg, proc), proc: proc,
 		children: map[string]*actor.PID{}, keys: map[string]string{}, done: a.done,
 		status: agent.Status{Agent: cfg.ID, Resources: map[string]agent.ResourceStatus{}, Conditions: []agent.Condition{}, Version: Version}}
@@ -138,9 +137,10 @@ type (
 		id string
 		st agent.ResourceStatus
 	}
-	resourceGone  struct{ id string }
-	presenceTick  struct{}
-	statusRequest struct{ reply chan agent.Status }
+	resourceGone struct{ id string }
+	presenceTick struct{}
+	// flushStatus writes the status once for every update queued before it.
+	flushStatus struct{}
 )
 
 // agentActor is the node agent: it owns the manifest, the status and the
@@ -164,8 +164,10 @@ type agentActor struct {
 	statusMu sync.Mutex // guards snapshot, read by the command handler
 	snapshot agent.Status
 	rev      uint64
-	apps     map[string]*appender
-	done     chan struct{}
+	// flushQueued: a flushStatus is on its way (see changed).
+	flushQueued bool
+	apps        map[string]*appender
+	done        chan struct{}
 }
 
 func (a *agentActor) Receive(c *actor.Context) {
@@ -178,16 +180,27 @@ func (a *agentActor) Receive(c *actor.Context) {
 		a.onManifest(c, m)
 	case resourceUpdate:
 		a.status.Resources[m.id] = m.st
-		a.publish()
+		a.changed(c)
 	case resourceGone:
 		delete(a.status.Resources, m.id)
 		delete(a.children, m.id)
 		delete(a.keys, m.id)
+		a.changed(c)
+	case flushStatus:
+		a.flushQueued = false
 		a.publish()
 	case presenceTick:
 		a.presence()
-	case statusRequest:
-		m.reply <- a.status
+	}
+}
+
+// changed queues one status write behind the messages already waiting: a
+// burst of resource updates (a manifest of 100 files) is written once, not
+// once per update.
+func (a *agentActor) changed(c *actor.Context) {
+	if !a.flushQueued {
+		a.flushQueued = true
+		c.Send(c.PID(), flushStatus{})
 	}
 }
 
@@ -321,46 +334,41 @@ func (a *agentActor) onManifest(c *actor.Context, mm manifestMsg) {
 			delete(a.keys, id)
 		}
 	}
+	changed := map[string]bool{}
 	for _, r := range append(start, update...) {
+		changed[r.ID] = true
 		a.keys[r.ID] = agent.SpecKey(r)
+	}
+	// Every resource of the manifest is reconciled against its generation,
+	// changed or not: its status says which generation it is for.
+	for _, r := range m.Resources {
+		pid := a.children[r.ID]
 		rec, err := a.reg.Get(r.Kind)
-		if err != nil {
+		switch {
+		case err != nil:
 			// Kept and reported, never dropped: the rest still converge.
-			if pid := a.children[r.ID]; pid != nil {
+			if pid != nil {
 				c.Send(pid, deleteResource{keep: true})
 				delete(a.children, r.ID)
 			}
 			st := agent.ResourceStatus{Kind: r.Kind, Phase: agent.UnknownResource, Since: time.Now().UTC(), Generation: m.Generation,
 				Error: fmt.Sprintf("no reconciler for kind %s on this agent (kinds: %v)", r.Kind, a.reg.Kinds())}
+			if old, ok := a.status.Resources[r.ID]; ok && !changed[r.ID] {
+				st.Since = old.Since
+			}
 			a.status.Resources[r.ID] = st
-			a.event(r.ID, &agent.PhaseChanged{Agent: a.cfg.ID, ID: r.ID, Kind: r.Kind, Generation: m.Generation, Phase: st.Phase, Error: st.Error})
-			continue
-		}
-		if pid := a.children[r.ID]; pid != nil {
+			if changed[r.ID] {
+				a.event(r.ID, &agent.PhaseChanged{Agent: a.cfg.ID, ID: r.ID, Kind: r.Kind, Generation: m.Generation, Phase: st.Phase, Error: st.Error})
+			}
+		case pid != nil:
 			c.Send(pid, specMsg{r: r, gen: m.Generation})
-			continue
-		}
-		a.status.Resources[r.ID] = agent.ResourceStatus{Kind: r.Kind, Phase: agent.Pending, Since: time.Now().UTC(), Generation: m.Generation}
-		ra := &managedActor{agent: a.cfg.ID, cfg: a.cfg, rec: rec, r: r, gen: m.Generation, log: a.appenderFor(r.ID), logger: a.logger.With("resource", r.ID)}
-		a.children[r.ID] = c.SpawnChild(func() actor.Receiver { return ra }, "resource", actor.WithID(r.ID))
-	}
-	// Resources whose spec did not change are reconciled against the new
-	// generation too (their status says which generation they are for).
-	for _, r := range m.Resources {
-		if pid := a.children[r.ID]; pid != nil && !contains(start, r.ID) && !contains(update, r.ID) {
-			c.Send(pid, specMsg{r: r, gen: m.Generation})
+		default:
+			a.status.Resources[r.ID] = agent.ResourceStatus{Kind: r.Kind, Phase: agent.Pending, Since: time.Now().UTC(), Generation: m.Generation}
+			ra := &managedActor{agent: a.cfg.ID, cfg: a.cfg, rec: rec, r: r, gen: m.Generation, log: a.appenderFor(r.ID), logger: a.logger.With("resource", r.ID)}
+			a.children[r.ID] = c.SpawnChild(func() actor.Receiver { return ra }, "resource", actor.WithID(r.ID))
 		}
 	}
-	a.publish()
-}
-
-func contains(rs []agent.Resource, id string) bool {
-	for _, r := range rs {
-		if r.ID == id {
-			return true
-		}
-	}
-	return false
+	a.changed(c)
 }
 
 func (a *agentActor) appenderFor(id string) *appender {
@@ -456,6 +464,7 @@ type managedActor struct {
 	failures int
 	phase    agent.Phase
 	since    time.Time
+	last     agent.ResourceStatus // the last status reported
 	tick     uint64
 	timer    *time.Timer
 }
@@ -474,8 +483,8 @@ func (ra *managedActor) Receive(c *actor.Context) {
 		if changed {
 			ra.failures = 0
 			ra.reconcile(c, "spec changed")
-		} else if ra.phase == agent.Ready {
-			ra.report(c, agent.ResourceStatus{Phase: agent.Ready, Since: ra.since}, nil)
+		} else {
+			ra.report(c, ra.last, nil) // the same outcome, for the new generation
 		}
 	case managedTick:
 		if m.n != ra.tick {
@@ -556,13 +565,11 @@ func (ra *managedActor) reconcile(c *actor.Context, drift string) {
 
 // report sends the status to the agent and records the transition.
 func (ra *managedActor) report(c *actor.Context, st agent.ResourceStatus, ev *agent.PhaseChanged) {
-	if st.Phase != ra.phase || st.Since.IsZero() {
-		if st.Phase != ra.phase {
-			ra.since = time.Now().UTC()
-		}
-		st.Since = ra.since
+	if st.Phase != ra.phase {
+		ra.since = time.Now().UTC()
 	}
-	ra.phase = st.Phase
+	st.Since, ra.phase = ra.since, st.Phase
+	ra.last = st
 	st.Kind, st.Generation = ra.r.Kind, ra.gen
 	if ev != nil {
 		ev.Agent, ev.ID, ev.Kind, ev.Generation, ev.Phase = ra.agent, ra.r.ID, ra.r.Kind, ra.gen, st.Phase

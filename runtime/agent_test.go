@@ -3,9 +3,12 @@ package runtime
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -34,7 +37,7 @@ func startAgentWorld(t *testing.T, cfg AgentConfig) *agentWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := StartAgent(ctx, nc, fn.names.FleetBucket, fn.names.EventsStream, cfg, nil)
+	a, err := StartAgent(ctx, nc, fn.names.FleetBucket, fn.names.EventsStream, cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,8 +127,12 @@ func TestAgentConvergesRepairsDriftAndAppliesChanges(t *testing.T) {
 	if err := os.WriteFile(motd, []byte("tampered\n"), 0o666); err != nil {
 		t.Fatal(err)
 	}
-	if !w.a.Process.Kill("svc") {
-		t.Fatal("no process to kill")
+	pid, err := strconv.Atoi(svc["pid"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
 	}
 	w.waitStatus("repaired", func(s agent.Status) bool {
 		b, _ := os.ReadFile(motd)
@@ -145,6 +152,21 @@ func TestAgentConvergesRepairsDriftAndAppliesChanges(t *testing.T) {
 	}
 	if s.ObservedGeneration != m2.Generation {
 		t.Errorf("observed generation %d, want %d", s.ObservedGeneration, m2.Generation)
+	}
+
+	// Generations that change nothing: every resource, the unknown kind
+	// too, reports for the new generation and keeps what it said.
+	m3 := agent.Manifest{Resources: append(m2.Resources, res("gizmo", "gizmo", map[string]any{"size": 3}))}
+	w.apply(m3)
+	m4 := w.apply(m3)
+	s4 := w.waitStatus("settled on generation 4", func(s agent.Status) bool {
+		return s.ManifestGeneration == m4.Generation && s.Settled() && s.ObservedGeneration == m4.Generation
+	})
+	if s4.Resources["svc"].Details["pid"] != s.Resources["svc"].Details["pid"] || s4.Resources["svc"].Since != s.Resources["svc"].Since {
+		t.Errorf("an unchanged process was touched: %+v, before %+v", s4.Resources["svc"], s.Resources["svc"])
+	}
+	if g := s4.Resources["gizmo"]; g.Phase != agent.UnknownResource || g.Generation != m4.Generation {
+		t.Errorf("unknown kind on an unchanged manifest: %+v", g)
 	}
 
 	// Every transition is an event on the resource's subject.

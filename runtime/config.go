@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"understudy/actors"
+	"understudy/actors/agent"
 
 	"crypto/tls"
 	"crypto/x509"
@@ -339,8 +340,8 @@ func (c Config) resolve() (settings, error) {
 		if ac.ID == "" {
 			ac.ID = c.Node
 		}
-		if !agentIDRE.MatchString(ac.ID) {
-			bad("agent.id", "must be lower-case letters, digits, - and _ (default: node)", ac.ID)
+		if rule := agent.CheckID(ac.ID); rule != "" {
+			bad("agent.id", rule+" (default: node)", ac.ID)
 		}
 		if a.ObserveInterval != "" {
 			d, err := time.ParseDuration(a.ObserveInterval)
@@ -493,5 +494,3 @@ func LoadConfigFile(path string) (Config, error) {
 	c.BaseDir = abs
 	return c, nil
 }
-
-var agentIDRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9_-]{0,62}[a-z0-9])?$`)

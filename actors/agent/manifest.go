@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"regexp"
+	"slices"
 
 	"github.com/vmihailenco/msgpack/v5"
 	"gopkg.in/yaml.v3"
@@ -36,6 +37,15 @@ const (
 
 var idRule = regexp.MustCompile(`^[a-z0-9]([a-z0-9_-]*[a-z0-9])?$`)
 
+// CheckID returns the rule an agent or resource ID breaks ("": none): it
+// is a NATS subject token and a KV key token.
+func CheckID(id string) string {
+	if !idRule.MatchString(id) || len(id) > MaxIDLen {
+		return fmt.Sprintf("must be lower-case letters, digits, - and _, at most %d characters", MaxIDLen)
+	}
+	return ""
+}
+
 // ManifestError names the field of a manifest that breaks a rule.
 type ManifestError struct {
 	Field string // "resources[2].id"
@@ -63,8 +73,8 @@ func (m Manifest) Validate(reg resources.Registry, strict bool) error {
 	if m.Agent == "" {
 		return &ManifestError{"agent", "required"}
 	}
-	if !idRule.MatchString(m.Agent) || len(m.Agent) > MaxIDLen {
-		return &ManifestError{"agent", fmt.Sprintf("must be lower-case letters, digits, - and _, at most %d characters (got %s)", MaxIDLen, m.Agent)}
+	if rule := CheckID(m.Agent); rule != "" {
+		return &ManifestError{"agent", rule + " (got " + m.Agent + ")"}
 	}
 	if len(m.Resources) > MaxResources {
 		return &ManifestError{"resources", fmt.Sprintf("at most %d (got %d)", MaxResources, len(m.Resources))}
@@ -75,8 +85,8 @@ func (m Manifest) Validate(reg resources.Registry, strict bool) error {
 		switch {
 		case r.ID == "":
 			return &ManifestError{f("id"), "required"}
-		case !idRule.MatchString(r.ID) || len(r.ID) > MaxIDLen:
-			return &ManifestError{f("id"), fmt.Sprintf("must be lower-case letters, digits, - and _, at most %d characters (got %s)", MaxIDLen, r.ID)}
+		case CheckID(r.ID) != "":
+			return &ManifestError{f("id"), CheckID(r.ID) + " (got " + r.ID + ")"}
 		case r.Kind == "":
 			return &ManifestError{f("kind"), "required"}
 		}
@@ -203,6 +213,6 @@ func Diff(running map[string]string, m Manifest) (start, update []Resource, stop
 			stop = append(stop, id)
 		}
 	}
-	sortStrings(stop)
+	slices.Sort(stop)
 	return start, update, stop
 }

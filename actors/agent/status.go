@@ -114,5 +114,3 @@ func Backoff(failures int, base, max time.Duration) time.Duration {
 	}
 	return min(d, max)
 }
-
-func sortStrings(s []string) { slices.Sort(s) }

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/user"
@@ -72,8 +73,8 @@ func (File) spec(spec Spec) (fileSpec, error) {
 	s.Mode = 0o644
 	if mode != "" {
 		m, err := strconv.ParseUint(mode, 8, 32)
-		if err != nil || m > 0o7777 {
-			return s, &SpecError{"file", "mode", fmt.Sprintf("must be an octal mode such as \"0644\" (got %s)", mode)}
+		if err != nil || m > 0o777 {
+			return s, &SpecError{"file", "mode", fmt.Sprintf("must be octal permission bits from 0000 to 0777, such as \"0644\" (got %s)", mode)}
 		}
 		s.Mode = fs.FileMode(m)
 	}
@@ -99,19 +100,24 @@ func (f File) Observe(_ context.Context, _ string, spec Spec) (Observation, erro
 }
 
 func (File) observe(s fileSpec) (Observation, error) {
-	data, err := os.ReadFile(s.Path)
+	fh, err := os.Open(s.Path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return Observation{Drift: "file missing"}, nil
 	}
 	if err != nil {
 		return Observation{}, err
 	}
-	st, err := os.Stat(s.Path)
+	defer fh.Close()
+	st, err := fh.Stat()
+	if err != nil {
+		return Observation{}, err
+	}
+	data, err := io.ReadAll(fh)
 	if err != nil {
 		return Observation{}, err
 	}
 	sum := digest(data)
-	o := Observation{Details: map[string]string{"sha256": sum, "mode": fmt.Sprintf("%04o", st.Mode().Perm()|st.Mode()&(fs.ModeSetuid|fs.ModeSetgid|fs.ModeSticky)), "size": strconv.Itoa(len(data))}}
+	o := Observation{Details: map[string]string{"sha256": sum, "mode": fmt.Sprintf("%04o", st.Mode().Perm()), "size": strconv.Itoa(len(data))}}
 	var drift []string
 	if (s.Content != nil && !bytes.Equal(data, []byte(*s.Content))) || (s.SHA256 != "" && sum != s.SHA256) {
 		drift = append(drift, "content changed")
@@ -135,11 +141,14 @@ func (f File) Reconcile(_ context.Context, _ string, spec Spec) (Observation, er
 	if err != nil {
 		return Observation{}, err
 	}
-	if o, err := f.observe(s); err == nil && o.InSync {
+	o, err := f.observe(s)
+	if err == nil && o.InSync {
 		return o, nil
 	}
 	if s.Content == nil {
-		o, _ := f.observe(s)
+		if err != nil {
+			return o, err
+		}
 		return o, fmt.Errorf("%s does not have sha256 %s and the spec has no content to write", s.Path, s.SHA256)
 	}
 	if err := os.MkdirAll(filepath.Dir(s.Path), 0o755); err != nil {

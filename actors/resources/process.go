@@ -186,19 +186,6 @@ func (p *Process) StopAll() {
 	}
 }
 
-// Kill ends a resource's process behind the agent's back (tests: drift).
-func (p *Process) Kill(id string) bool {
-	p.mu.Lock()
-	pr := p.procs[id]
-	p.mu.Unlock()
-	if pr == nil {
-		return false
-	}
-	_ = syscall.Kill(-pr.cmd.Process.Pid, syscall.SIGKILL)
-	<-pr.done
-	return true
-}
-
 // stop ends a process group: SIGTERM, then SIGKILL after 5s.
 func stop(pr *proc) {
 	if pr == nil {
