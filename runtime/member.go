@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/anthdm/hollywood/actor"
@@ -376,42 +375,15 @@ func (a *memberActor) watch() {
 	}
 }
 
-// input turns a KV entry of the pair into a member input (nil: not one).
+// input turns a KV entry of the pair into a member input (nil: not one,
+// or a value that does not decode, which is logged with its key and
+// revision and never reaches the member).
 func (a *memberActor) input(e events.Entry) failover.Input {
-	pair := a.cfg.Rules.Pair
-	if e.Op != events.OpPut {
-		return nil
+	in, err := failover.InputOf(a.cfg.Rules.Pair, e)
+	if err != nil {
+		a.log.Error("KV value of the pair does not decode, ignored", "key", e.Key, "revision", e.Revision, "err", err)
 	}
-	switch {
-	case e.Key == failover.LeaderKey(pair):
-		l, err := failover.DecodeLeader(e.Value)
-		if err != nil {
-			a.log.Error("corrupt leader register value, ignored", "key", e.Key, "revision", e.Revision, "err", err)
-			return nil
-		}
-		return failover.LeaderObserved{Entry: failover.LeaderEntry{Rev: e.Revision, Time: e.Time, Value: l}}
-	case strings.HasPrefix(e.Key, pair+".hb."):
-		h, err := failover.DecodeHeartbeat(e.Value)
-		if err != nil {
-			a.log.Error("corrupt heartbeat value, ignored", "key", e.Key, "revision", e.Revision, "err", err)
-			return nil
-		}
-		return failover.HeartbeatObserved{Rev: e.Revision, Time: e.Time, Value: h}
-	case e.Key == failover.ConfigKey(pair):
-		r, err := failover.DecodeRules(e.Value)
-		if err != nil {
-			return failover.ConfigObserved{Rev: e.Revision, DecodeErr: err.Error()}
-		}
-		return failover.ConfigObserved{Rev: e.Revision, Rules: r}
-	case e.Key == failover.SwitchoverKey(pair):
-		s, err := failover.DecodeSwitchover(e.Value)
-		if err != nil {
-			a.log.Error("corrupt switchover request, ignored", "key", e.Key, "revision", e.Revision, "err", err)
-			return nil
-		}
-		return failover.SwitchoverObserved{Rev: e.Revision, Request: s}
-	}
-	return nil
+	return in
 }
 
 // publishRules writes the pair file's rules to <pair>.config when the key

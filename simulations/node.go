@@ -2,7 +2,6 @@ package simulations
 
 import (
 	"math/rand/v2"
-	"strings"
 	"time"
 
 	"understudy/actors/failover"
@@ -318,39 +317,11 @@ func (s *sim) resync(n *node) {
 }
 
 // entryInput turns a KV entry of the pair into a member input, as the
-// runtime's watch does (nil: not one of the pair's keys).
+// runtime's watch does (nil: not one of the pair's keys, or a value that
+// does not decode — the simulator writes none).
 func (s *sim) entryInput(e events.Entry) failover.Input {
-	pair := s.rules.Pair
-	if e.Op != events.OpPut {
-		return nil
-	}
-	switch {
-	case e.Key == failover.LeaderKey(pair):
-		l, err := failover.DecodeLeader(e.Value)
-		if err != nil {
-			return nil
-		}
-		return failover.LeaderObserved{Entry: failover.LeaderEntry{Rev: e.Revision, Time: e.Time, Value: l}}
-	case strings.HasPrefix(e.Key, pair+".hb."):
-		h, err := failover.DecodeHeartbeat(e.Value)
-		if err != nil {
-			return nil
-		}
-		return failover.HeartbeatObserved{Rev: e.Revision, Time: e.Time, Value: h}
-	case e.Key == failover.ConfigKey(pair):
-		r, err := failover.DecodeRules(e.Value)
-		if err != nil {
-			return failover.ConfigObserved{Rev: e.Revision, DecodeErr: err.Error()}
-		}
-		return failover.ConfigObserved{Rev: e.Revision, Rules: r}
-	case e.Key == failover.SwitchoverKey(pair):
-		sw, err := failover.DecodeSwitchover(e.Value)
-		if err != nil {
-			return nil
-		}
-		return failover.SwitchoverObserved{Rev: e.Revision, Request: sw}
-	}
-	return nil
+	in, _ := failover.InputOf(s.rules.Pair, e)
+	return in
 }
 
 // onWriteResult notices, before the member does, what a write's answer says.

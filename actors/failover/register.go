@@ -2,6 +2,7 @@ package failover
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"understudy/events"
@@ -131,4 +132,43 @@ func mustMarshal(v any) []byte {
 		panic(fmt.Sprintf("failover: marshal %T: %v", v, err))
 	}
 	return b
+}
+
+// InputOf is the member input a KV entry of the pair means: the register,
+// a member heartbeat, the rules, a switchover request. nil, nil for a
+// delete or a key that is not the pair's. A register, heartbeat or
+// switchover value that does not decode is an error (the caller reports
+// it and the member never sees it); rules that do not decode are an input
+// (ConfigObserved with DecodeErr), which the member records as refused.
+func InputOf(pair string, e events.Entry) (Input, error) {
+	if e.Op != events.OpPut {
+		return nil, nil
+	}
+	switch {
+	case e.Key == LeaderKey(pair):
+		l, err := DecodeLeader(e.Value)
+		if err != nil {
+			return nil, fmt.Errorf("corrupt leader register value: %w", err)
+		}
+		return LeaderObserved{Entry: LeaderEntry{Rev: e.Revision, Time: e.Time, Value: l}}, nil
+	case strings.HasPrefix(e.Key, pair+".hb."):
+		h, err := DecodeHeartbeat(e.Value)
+		if err != nil {
+			return nil, fmt.Errorf("corrupt heartbeat value: %w", err)
+		}
+		return HeartbeatObserved{Rev: e.Revision, Time: e.Time, Value: h}, nil
+	case e.Key == ConfigKey(pair):
+		r, err := DecodeRules(e.Value)
+		if err != nil {
+			return ConfigObserved{Rev: e.Revision, DecodeErr: err.Error()}, nil
+		}
+		return ConfigObserved{Rev: e.Revision, Rules: r}, nil
+	case e.Key == SwitchoverKey(pair):
+		s, err := DecodeSwitchover(e.Value)
+		if err != nil {
+			return nil, fmt.Errorf("corrupt switchover request: %w", err)
+		}
+		return SwitchoverObserved{Rev: e.Revision, Request: s}, nil
+	}
+	return nil, nil
 }
