@@ -4,10 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"fmt"
 	"hash"
-	"reflect"
-	"strings"
 
 	"understudy/events"
 )
@@ -59,24 +56,10 @@ func (t *tracer) sum() string {
 }
 
 // describe renders an event for the human-readable trace: its type and
-// non-zero fields.
+// the fields the timeline of a replay shows.
 func describe(ev events.Event) string {
-	v := reflect.ValueOf(ev)
-	if v.Kind() == reflect.Pointer {
-		v = v.Elem()
+	if d := events.Describe(ev, "Pair", "Site", "Resource", "Rules"); d != "" {
+		return ev.EventType() + " " + d
 	}
-	var b strings.Builder
-	b.WriteString(ev.EventType())
-	if v.Kind() != reflect.Struct {
-		return b.String()
-	}
-	for i := 0; i < v.NumField(); i++ {
-		f := v.Type().Field(i)
-		fv := v.Field(i)
-		if !f.IsExported() || fv.IsZero() || f.Name == "Rules" || f.Name == "Resource" || f.Name == "Pair" || f.Name == "Site" {
-			continue
-		}
-		fmt.Fprintf(&b, " %s=%v", strings.ToLower(f.Name), fv.Interface())
-	}
-	return b.String()
+	return ev.EventType()
 }
