@@ -71,7 +71,7 @@ const memDefaultDedupWindow = 2 * time.Minute
 // these options; the in-memory log stores them the same way.
 const (
 	memHeaderMsgID          = "Nats-Msg-Id"
-	memHeaderExpectedSubSeq = "Nats-Expected-Last-Subject-Sequence"
+	memHeaderExpectedSubSeq = HeaderExpectedLastSubjectSeq
 )
 
 // memReadBatch bounds how many records or entries are copied under the lock

@@ -46,6 +46,11 @@ type AppendOptions struct {
 	Headers map[string]string
 }
 
+// HeaderExpectedLastSubjectSeq is the header JetStream keeps on a message
+// appended with an expected last subject sequence (AppendOptions): the
+// subject's sequence before it, so "0" marks a subject's first record.
+const HeaderExpectedLastSubjectSeq = "Nats-Expected-Last-Subject-Sequence"
+
 // HeaderQueued is the header an appender may store with an event: how
 // long the event waited on its node — queued behind earlier appends, or
 // retried after timeouts — before the append attempt that stored it was

@@ -21,7 +21,7 @@ const DefaultBucket = "understudy_failover"
 // subject's previous sequence. Every event (the appenders write by
 // expected sequence) and every register write (CAS) carries it, so a
 // missing record between two that were read shows as a broken link.
-const expectHeader = "Nats-Expected-Last-Subject-Sequence"
+const expectHeader = events.HeaderExpectedLastSubjectSeq
 
 // Options configure a Fold.
 type Options struct {

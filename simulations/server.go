@@ -295,8 +295,8 @@ func (s *Server) rollback() {
 		}
 		s.clock.set(rec.Time)
 		opts := events.AppendOptions{MsgID: rec.Headers["Nats-Msg-Id"]}
-		if v, ok := rec.Headers["Nats-Expected-Last-Subject-Sequence"]; ok {
-			opts.Headers = map[string]string{"Nats-Expected-Last-Subject-Sequence": v}
+		if v, ok := rec.Headers[events.HeaderExpectedLastSubjectSeq]; ok {
+			opts.Headers = map[string]string{events.HeaderExpectedLastSubjectSeq: v}
 			if q, ok := rec.Headers[events.HeaderQueued]; ok {
 				opts.Headers[events.HeaderQueued] = q
 			}

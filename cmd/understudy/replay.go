@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"understudy/actors/failover"
 	"understudy/events"
 	"understudy/projections"
 	"understudy/runtime"
@@ -93,10 +94,23 @@ json). Rules that break the safety inequality are refused unless
 			if err != nil {
 				return usage(err)
 			}
+			var proposed failover.Rules
+			var tap *patternTap
+			var newTap func(pair, bucket string) func(events.Record)
+			if whatIfP != "" {
+				// The proposed rules are checked before the record is read.
+				if proposed, err = loadRulesFile(whatIfP, unsafe, "run"); err != nil {
+					return usage(fmt.Errorf("--what-if: %w", err))
+				}
+				newTap = func(pair, bucket string) func(events.Record) {
+					tap = newPatternTap(pair, bucket)
+					return tap.add
+				}
+			}
 			var rep *projections.Report
 			var readErr error
 			if file != "" {
-				rep, readErr = replayFile(file, pair, fromT, toT, partial, stderr)
+				rep, readErr = replayFile(file, pair, fromT, toT, partial, stderr, newTap)
 				if rep == nil {
 					return readErr
 				}
@@ -130,14 +144,7 @@ json). Rules that break the safety inequality are refused unless
 				rep = fold.Report()
 			}
 			if whatIfP != "" {
-				if rep.Pair == "" {
-					return fmt.Errorf("what-if %s: the record names no pair", file)
-				}
-				wr, err := whatIf(file, rep.Pair, whatIfP, unsafe, seed, rep)
-				var wu *whatIfUsage
-				if errors.As(err, &wu) {
-					return usage(wu.err)
-				}
+				wr, err := whatIf(file, proposed, whatIfP, seed, tap, rep, usage)
 				if err != nil {
 					return err
 				}
@@ -166,8 +173,10 @@ json). Rules that break the safety inequality are refused unless
 }
 
 // replayFile folds an export file. On damage it returns (nil, err), or
-// with partial the report of what was read (marked) and err.
-func replayFile(path, pair string, from, to time.Time, partial bool, stderr io.Writer) (*projections.Report, error) {
+// with partial the report of what was read (marked) and err. newTap, when
+// set, is given the file's pair and bucket and returns a function that
+// sees every record read, in the same pass.
+func replayFile(path, pair string, from, to time.Time, partial bool, stderr io.Writer, newTap func(pair, bucket string) func(events.Record)) (*projections.Report, error) {
 	fh, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -205,6 +214,10 @@ func replayFile(path, pair string, from, to time.Time, partial bool, stderr io.W
 	if err != nil {
 		return nil, err
 	}
+	tap := func(events.Record) {}
+	if newTap != nil {
+		tap = newTap(pair, h.Meta["bucket"])
+	}
 	prog := newProgress(stderr, "replay "+filepath.Base(path))
 	defer prog.done()
 	for {
@@ -225,6 +238,7 @@ func replayFile(path, pair string, from, to time.Time, partial bool, stderr io.W
 			return fold.Report(), err
 		}
 		fold.Add(rec)
+		tap(rec)
 		if fold.Count()%8192 == 0 && size > 0 {
 			prog.fraction(fold.Count(), float64(r.Offset())/float64(size), "records")
 		}

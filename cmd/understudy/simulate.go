@@ -99,13 +99,8 @@ func runSimulate(cmd *cobra.Command, f simulateFlags, stdout, stderr io.Writer) 
 	}
 	rules := simulations.DefaultPair()
 	if f.pairConfig != "" {
-		r, err := runtime.LoadPairFile(f.pairConfig, f.allowUnsafe)
+		r, err := loadRulesFile(f.pairConfig, f.allowUnsafe, "simulate")
 		if err != nil {
-			if !f.allowUnsafe {
-				if _, uerr := runtime.LoadPairFile(f.pairConfig, true); uerr == nil {
-					return usage("%v (to simulate these rules anyway, add --allow-unsafe-config)", err)
-				}
-			}
 			return usage("%v", err)
 		}
 		rules = r
@@ -205,6 +200,19 @@ func runSimulate(cmd *cobra.Command, f simulateFlags, stdout, stderr io.Writer) 
 		return fmt.Errorf("%s", plural(len(res.Violations), "invariant violation"))
 	}
 	return nil
+}
+
+// loadRulesFile reads a pair file's rules. Rules that break the safety
+// inequality are refused, saying how to use them anyway (verb: what the
+// command would do with them).
+func loadRulesFile(path string, allowUnsafe bool, verb string) (failover.Rules, error) {
+	r, err := runtime.LoadPairFile(path, allowUnsafe)
+	if err != nil && !allowUnsafe {
+		if _, uerr := runtime.LoadPairFile(path, true); uerr == nil {
+			return r, fmt.Errorf("%w (to %s these rules anyway, add --allow-unsafe-config)", err, verb)
+		}
+	}
+	return r, err
 }
 
 // simulationRules are the rules of a run, for --json.

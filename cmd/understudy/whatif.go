@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -38,7 +37,6 @@ type whatIfReport struct {
 	Recorded    whatIfRun    `json:"recorded"`
 	Proposed    whatIfRun    `json:"proposed"`
 	Notes       []string     `json:"notes"`
-	ruleSets    [2]failover.Rules
 }
 
 type whatIfWindow struct {
@@ -72,117 +70,125 @@ type whatIfRun struct {
 	PairFile string `json:"pair_file"`
 }
 
-// recordedPattern reads what a what-if run needs from an export file: the
-// rules the record was written with (its first <pair>.config, else the
-// latest the replay found), each site's landed writes and restarts, and
-// the switchover requests.
-func recordedPattern(path, pair string, rep *projections.Report) (simulations.Pattern, failover.Rules, []string, error) {
-	var notes []string
-	fh, err := os.Open(path)
-	if err != nil {
-		return simulations.Pattern{}, failover.Rules{}, nil, err
-	}
-	defer fh.Close()
-	r, err := events.NewExportReader(fh)
-	if err != nil {
-		return simulations.Pattern{}, failover.Rules{}, nil, fmt.Errorf("what-if %s: %w", path, err)
-	}
-	bucket := r.Header().Meta["bucket"]
+// patternTap collects, while replay reads an export file, what a what-if
+// run needs: the rules the record was written with (its first
+// <pair>.config), each site's landed writes and restarts, and the
+// switchover requests. Times are absolute until pattern cuts the window.
+type patternTap struct {
+	pair, bucket string
+	codec        *events.Registry
+	rules        *failover.Rules
+	configs      int
+	holder       string
+	writes       map[string][]time.Time
+	restarts     map[string][]time.Time
+	switches     []switchAt
+}
+
+type switchAt struct {
+	at time.Time
+	to string
+}
+
+func newPatternTap(pair, bucket string) *patternTap {
 	if bucket == "" {
 		bucket = runtime.DefaultFailoverBucket
 	}
-	codec := runtime.Codec()
-	from, to := rep.Window.From, rep.Window.To
-	at := func(t time.Time) time.Duration { return t.Sub(from) }
-	in := func(t time.Time) bool { return !t.Before(from) && !t.After(to) }
-	var (
-		rules     failover.Rules
-		haveRules bool
-		configs   int
-		holder    string
-		writes    = map[string][]time.Duration{}
-		restarts  = map[string][]time.Duration{}
-		switches  []simulations.Switch
-		evPrefix  = "ev.failover." + pair + "."
-	)
-	for {
-		rec, err := r.Next()
-		if err == io.EOF {
-			break
+	return &patternTap{pair: pair, bucket: bucket, codec: runtime.Codec(), writes: map[string][]time.Time{}, restarts: map[string][]time.Time{}}
+}
+
+func (p *patternTap) add(rec events.Record) {
+	if b, e, ok := events.EntryFromRecord(rec); ok {
+		key, ok := strings.CutPrefix(e.Key, p.pair+".")
+		if b != p.bucket || !ok || e.Op != events.OpPut {
+			return
 		}
-		if err != nil {
-			return simulations.Pattern{}, failover.Rules{}, nil, fmt.Errorf("what-if %s: %w", path, err)
-		}
-		if b, e, ok := events.EntryFromRecord(rec); ok && b == bucket {
-			key, ok := strings.CutPrefix(e.Key, pair+".")
-			if !ok || e.Op != events.OpPut {
-				continue
+		switch {
+		case key == "config":
+			p.configs++
+			if rl, err := failover.DecodeRules(e.Value); err == nil && p.rules == nil {
+				p.rules = &rl
 			}
-			switch {
-			case key == "config":
-				configs++
-				if rl, err := failover.DecodeRules(e.Value); err == nil && !haveRules {
-					rules, haveRules = rl, true
-				}
-			case key == "leader":
-				l, err := failover.DecodeLeader(e.Value)
-				if err != nil {
-					continue
-				}
-				site := l.Site
-				if site == "" {
-					site = holder // a release is its holder's last write
-				}
-				if l.Site != "" {
-					holder = l.Site
-				}
-				if site != "" && in(e.Time) {
-					writes[site] = append(writes[site], at(e.Time))
-				}
-			case strings.HasPrefix(key, "hb."):
-				if in(e.Time) {
-					writes[key[3:]] = append(writes[key[3:]], at(e.Time))
-				}
-			case key == "switchover":
-				if sw, err := failover.DecodeSwitchover(e.Value); err == nil && in(e.Time) {
-					switches = append(switches, simulations.Switch{At: at(e.Time), To: sw.To})
-				}
+		case key == "leader":
+			l, err := failover.DecodeLeader(e.Value)
+			if err != nil {
+				return
 			}
-			continue
+			site := l.Site
+			if site == "" {
+				site = p.holder // a release is its holder's last write
+			} else {
+				p.holder = l.Site
+			}
+			if site != "" {
+				p.writes[site] = append(p.writes[site], e.Time)
+			}
+		case strings.HasPrefix(key, "hb."):
+			p.writes[key[3:]] = append(p.writes[key[3:]], e.Time)
+		case key == "switchover":
+			if sw, err := failover.DecodeSwitchover(e.Value); err == nil {
+				p.switches = append(p.switches, switchAt{e.Time, sw.To})
+			}
 		}
-		site, ok := strings.CutPrefix(rec.Subject, evPrefix)
-		if !ok || strings.Contains(site, ".") || !in(rec.Time) {
-			continue
-		}
-		ev, err := codec.DecodeRecord(rec)
-		if err != nil {
-			continue // counted and shown by the replay
-		}
+		return
+	}
+	site, ok := strings.CutPrefix(rec.Subject, "ev.failover."+p.pair+".")
+	// A restart is a start that is not its subject's first event (the
+	// process's very first start is not a crash).
+	if !ok || strings.Contains(site, ".") || rec.Headers[events.HeaderExpectedLastSubjectSeq] == "0" {
+		return
+	}
+	if ev, err := p.codec.DecodeRecord(rec); err == nil {
 		if _, ok := ev.(*failover.Started); ok {
-			restarts[site] = append(restarts[site], at(rec.Time))
+			p.restarts[site] = append(p.restarts[site], rec.Time)
 		}
 	}
-	if !haveRules {
-		if rep.Rules == nil {
-			return simulations.Pattern{}, failover.Rules{}, nil, fmt.Errorf("what-if %s: the record holds no rules of pair %s (no %s.config write): nothing to compare the proposed rules with", path, pair, pair)
-		}
-		rules = rulesFromReport(pair, rep.Rules)
+}
+
+// pattern is what was collected within the replay's window, with the
+// recorded rules (the report's latest when the record has no config
+// write) and notes on what was assumed.
+func (p *patternTap) pattern(rep *projections.Report) (simulations.Pattern, failover.Rules, []string, error) {
+	var notes []string
+	var rules failover.Rules
+	switch {
+	case p.rules != nil:
+		rules = *p.rules
+	case rep.Rules != nil:
+		rules = rulesFromReport(p.pair, rep.Rules)
 		notes = append(notes, "the record has no config write: the recorded rules are the latest the replay found")
+	default:
+		return simulations.Pattern{}, rules, nil, fmt.Errorf("the record holds no rules of pair %s (no %s.config write): nothing to compare the proposed rules with", p.pair, p.pair)
 	}
-	if configs > 1 {
-		notes = append(notes, fmt.Sprintf("the rules changed %d times in the record: the recorded run uses the first", configs-1))
+	if p.configs > 1 {
+		notes = append(notes, fmt.Sprintf("the rules changed %d times in the record: the recorded run uses the first", p.configs-1))
 	}
-	p := simulations.Pattern{Duration: to.Sub(from), Interval: rules.HeartbeatTimeout, Switchovers: switches}
+	from, to := rep.Window.From, rep.Window.To
+	within := func(ts []time.Time) []time.Duration {
+		var out []time.Duration
+		for _, t := range ts {
+			if !t.Before(from) && !t.After(to) {
+				out = append(out, t.Sub(from))
+			}
+		}
+		return out
+	}
+	pt := simulations.Pattern{Duration: to.Sub(from), Interval: rules.HeartbeatTimeout}
+	for _, sw := range p.switches {
+		if !sw.at.Before(from) && !sw.at.After(to) {
+			pt.Switchovers = append(pt.Switchovers, simulations.Switch{At: sw.at.Sub(from), To: sw.to})
+		}
+	}
 	for _, site := range []string{rules.Primary, rules.Replica} {
-		p.Sites = append(p.Sites, simulations.SitePattern{Site: site, Writes: writes[site], Restarts: restarts[site]})
+		pt.Sites = append(pt.Sites, simulations.SitePattern{Site: site, Writes: within(p.writes[site]), Restarts: within(p.restarts[site])})
 	}
-	for site := range writes {
+	for site := range p.writes {
 		if site != rules.Primary && site != rules.Replica {
 			notes = append(notes, fmt.Sprintf("site %s wrote to the pair's keys but is not one of its rules' sites: left out", site))
 		}
 	}
 	slices.Sort(notes)
-	return p, rules, notes, nil
+	return pt, rules, notes, nil
 }
 
 func rulesFromReport(pair string, r *projections.Rules) failover.Rules {
@@ -195,26 +201,18 @@ func rulesFromReport(pair string, r *projections.Rules) failover.Rules {
 	}
 }
 
-// whatIf runs the record's pattern under the recorded rules and the
-// proposed ones (pair file proposedPath).
-func whatIf(path, pair, proposedPath string, allowUnsafe bool, seed uint64, rep *projections.Report) (*whatIfReport, error) {
-	proposed, err := runtime.LoadPairFile(proposedPath, allowUnsafe)
+// whatIf runs the pattern tap collected under the recorded rules and the
+// proposed ones (read from proposedPath). An error in the command's
+// arguments goes through usage.
+func whatIf(file string, proposed failover.Rules, proposedPath string, seed uint64, tap *patternTap, rep *projections.Report, usage func(error) error) (*whatIfReport, error) {
+	pattern, recorded, notes, err := tap.pattern(rep)
 	if err != nil {
-		if !allowUnsafe {
-			if _, uerr := runtime.LoadPairFile(proposedPath, true); uerr == nil {
-				return nil, &whatIfUsage{fmt.Errorf("--what-if: %w (to run these rules anyway, add --allow-unsafe-config)", err)}
-			}
-		}
-		return nil, &whatIfUsage{fmt.Errorf("--what-if: %w", err)}
-	}
-	pattern, recorded, notes, err := recordedPattern(path, pair, rep)
-	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("what-if %s: %w", file, err)
 	}
 	sites := []string{recorded.Primary, recorded.Replica}
 	for _, f := range []struct{ name, site string }{{"primary", proposed.Primary}, {"replica", proposed.Replica}} {
 		if !slices.Contains(sites, f.site) {
-			return nil, &whatIfUsage{fmt.Errorf("--what-if %s: %s: %s is not a site of the record (its sites are %s and %s)", proposedPath, f.name, f.site, sites[0], sites[1])}
+			return nil, usage(fmt.Errorf("--what-if %s: %s: %s is not a site of the record (its sites are %s and %s)", proposedPath, f.name, f.site, sites[0], sites[1]))
 		}
 	}
 	if proposed.Pair != recorded.Pair {
@@ -222,22 +220,21 @@ func whatIf(path, pair, proposedPath string, allowUnsafe bool, seed uint64, rep 
 		proposed.Pair = recorded.Pair
 	}
 	if pattern.Interval <= 0 {
-		return nil, fmt.Errorf("what-if %s: the recorded rules have no heartbeat_timeout", path)
+		return nil, fmt.Errorf("what-if %s: the recorded rules have no heartbeat_timeout", file)
 	}
 	faults := pattern.Faults()
 	simulated := pattern.Duration + max(whatIfTail(recorded), whatIfTail(proposed))
 	out := &whatIfReport{
-		Pair: pair, File: path, Seed: seed,
+		Pair: tap.pair, File: file, Seed: seed,
 		Window:   whatIfWindow{From: rep.Window.From, To: rep.Window.To, MS: float64(pattern.Duration) / float64(time.Millisecond)},
 		Schedule: simulations.FormatFaults(faults), Faults: len(faults), Notes: notes,
 		SimulatedMS: float64(simulated) / float64(time.Millisecond),
-		ruleSets:    [2]failover.Rules{recorded, proposed},
 	}
 	if out.Notes == nil {
 		out.Notes = []string{}
 	}
 	out.Actual = actualOf(rep, faults)
-	for i, rl := range out.ruleSets {
+	for i, rl := range []failover.Rules{recorded, proposed} {
 		cfg := simulations.Config{Scenario: "random", Seed: seed, Duration: simulated, Rules: rl,
 			AllowUnsafe: rl.Validate() != nil, Faults: faults, FaultsSet: true}
 		res, err := simulations.Run(cfg)
@@ -307,12 +304,6 @@ func actualOf(rep *projections.Report, faults []simulations.Fault) whatIfActual 
 	}
 	return a
 }
-
-// whatIfUsage marks an error in the command's arguments (exit 2).
-type whatIfUsage struct{ err error }
-
-func (e *whatIfUsage) Error() string { return e.err.Error() }
-func (e *whatIfUsage) Unwrap() error { return e.err }
 
 func writeWhatIf(w io.Writer, r *whatIfReport, asJSON bool) error {
 	if asJSON {

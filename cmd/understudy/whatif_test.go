@@ -7,6 +7,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"understudy/actors/failover"
+	"understudy/events"
+	"understudy/projections"
+	"understudy/runtime"
+	"understudy/simulations"
 )
 
 // whatIfOut is the part of `replay --what-if --format json` the tests read.
@@ -163,5 +170,45 @@ func TestWhatIfText(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("text lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// A member's first start is not a crash, even when its first heartbeat
+// landed before the start event did; a later start is a restart.
+func TestPatternTapRestarts(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	rules := failover.DefaultRules("p", "site-a", "site-b")
+	tap := newPatternTap("p", "")
+	put := func(key string, at time.Duration, value []byte) {
+		tap.add(events.KVRecord(runtime.DefaultFailoverBucket, events.Entry{Key: key, Value: value, Revision: uint64(at), Time: t0.Add(at), Op: events.OpPut}))
+	}
+	started := func(at time.Duration, expect string) {
+		data, err := runtime.Codec().Encode(&failover.Started{Pair: "p", Site: "site-b", Rules: rules})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tap.add(events.Record{Stream: "UNDERSTUDY_EVENTS", Subject: failover.Subject("p", "site-b"), Sequence: uint64(at), Time: t0.Add(at), Data: data,
+			Headers: map[string]string{events.HeaderExpectedLastSubjectSeq: expect}})
+	}
+	put("p.config", 0, failover.EncodeRules(rules))
+	for i := range 10 {
+		at := time.Duration(i) * time.Second
+		put("p.leader", at, failover.EncodeLeader(failover.Leader{Site: "site-a", Term: 1, Beat: uint64(i)}))
+		if i != 5 && i != 6 {
+			put("p.hb.site-b", at+10*time.Millisecond, failover.EncodeHeartbeat(failover.Heartbeat{Site: "site-b"}))
+		}
+	}
+	started(20*time.Millisecond, "0")   // after its first heartbeat: the first start
+	started(6500*time.Millisecond, "7") // between 4.01s and 7.01s: a restart
+	rep := &projections.Report{Window: projections.Window{From: t0, To: t0.Add(10 * time.Second)}}
+	p, got, _, err := tap.pattern(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != rules {
+		t.Errorf("recorded rules %+v", got)
+	}
+	if s := simulations.FormatFaults(p.Faults()); s != "crash(site-b)@4.51s+1.99s" {
+		t.Errorf("schedule %q, want site-b's one crash", s)
 	}
 }
