@@ -22,8 +22,7 @@ import (
 // fleetFlags are the NATS flags of the fleet commands.
 func fleetFlags(cmd *cobra.Command) *natsFlags {
 	nf := &natsFlags{}
-	cmd.Flags().StringVar(&nf.url, "nats-url", envOr("UNDERSTUDY_NATS_URL", "nats://127.0.0.1:4222"), "NATS URL ($UNDERSTUDY_NATS_URL); user, password and creds come from $UNDERSTUDY_NATS_USER, _PASSWORD, _CREDS")
-	cmd.Flags().StringVar(&nf.bucket, "fleet-bucket", runtime.DefaultFleetBucket, "fleet KV bucket")
+	nf.addFleet(cmd)
 	return nf
 }
 

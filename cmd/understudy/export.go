@@ -171,40 +171,39 @@ func newProgress(w io.Writer, what string) *progress {
 	return p
 }
 
-// update redraws at most ten times a second. total 0: unknown.
-func (p *progress) update(n int, total uint64, unit string) {
+// draw writes "what: " and the line, at most ten times a second unless
+// force (a last state that must show).
+func (p *progress) draw(force bool, format string, args ...any) {
 	if !p.on {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := time.Now()
-	if now.Sub(p.last) < 100*time.Millisecond {
+	if !force && now.Sub(p.last) < 100*time.Millisecond {
 		return
 	}
 	p.last, p.drawn = now, true
-	rate := float64(n) / max(now.Sub(p.start).Seconds(), 1e-3)
+	fmt.Fprintf(p.w, "\r\033[K%s: "+format, append([]any{p.what}, args...)...)
+}
+
+// rate is n per second since the start.
+func (p *progress) rate(n int) float64 {
+	return float64(n) / max(time.Since(p.start).Seconds(), 1e-3)
+}
+
+// update shows n of about total (0: unknown).
+func (p *progress) update(n int, total uint64, unit string) {
 	if total > 0 {
-		fmt.Fprintf(p.w, "\r\033[K%s: %d of ~%d %s (%.0f%%), %.0f/s", p.what, n, total, unit, 100*float64(n)/float64(total), rate)
+		p.draw(false, "%d of ~%d %s (%.0f%%), %.0f/s", n, total, unit, 100*float64(n)/float64(total), p.rate(n))
 	} else {
-		fmt.Fprintf(p.w, "\r\033[K%s: %d %s, %.0f/s", p.what, n, unit, rate)
+		p.draw(false, "%d %s, %.0f/s", n, unit, p.rate(n))
 	}
 }
 
-// fraction redraws with a known fraction done (0..1).
+// fraction shows n with a known fraction done (0..1).
 func (p *progress) fraction(n int, frac float64, unit string) {
-	if !p.on {
-		return
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	now := time.Now()
-	if now.Sub(p.last) < 100*time.Millisecond {
-		return
-	}
-	p.last, p.drawn = now, true
-	rate := float64(n) / max(now.Sub(p.start).Seconds(), 1e-3)
-	fmt.Fprintf(p.w, "\r\033[K%s: %d %s (%.0f%%), %.0f/s", p.what, n, unit, 100*frac, rate)
+	p.draw(false, "%d %s (%.0f%%), %.0f/s", n, unit, 100*frac, p.rate(n))
 }
 
 // done clears the line.

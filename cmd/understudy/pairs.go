@@ -30,8 +30,18 @@ type natsFlags struct {
 }
 
 func (f *natsFlags) add(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&f.url, "nats-url", envOr("UNDERSTUDY_NATS_URL", "nats://127.0.0.1:4222"), "NATS URL ($UNDERSTUDY_NATS_URL); user, password and creds come from $UNDERSTUDY_NATS_USER, _PASSWORD, _CREDS")
+	f.addURL(cmd)
 	cmd.Flags().StringVar(&f.bucket, "bucket", runtime.DefaultFailoverBucket, "failover KV bucket")
+}
+
+// addFleet registers the flags of the fleet commands (the fleet bucket).
+func (f *natsFlags) addFleet(cmd *cobra.Command) {
+	f.addURL(cmd)
+	cmd.Flags().StringVar(&f.bucket, "fleet-bucket", runtime.DefaultFleetBucket, "fleet KV bucket")
+}
+
+func (f *natsFlags) addURL(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.url, "nats-url", envOr("UNDERSTUDY_NATS_URL", "nats://127.0.0.1:4222"), "NATS URL ($UNDERSTUDY_NATS_URL); user, password and creds come from $UNDERSTUDY_NATS_USER, _PASSWORD, _CREDS")
 }
 
 func envOr(name, def string) string {
@@ -110,7 +120,7 @@ func watchSwitchoverRejection(ctx context.Context, nc *nats.Conn, pair string, r
 }
 
 // PairStatus is one pair as `understudy status --json` prints it. Ages
-// are measured against the server's clock (a probe write stamped by it).
+// are measured against the server's clock (serverTime).
 type PairStatus struct {
 	Pair       string                `json:"pair"`
 	Leader     string                `json:"leader"` // "" when nobody holds the register
@@ -139,15 +149,8 @@ type SiteStatus struct {
 
 // RulesStatus are the rules in <pair>.config, at revision Rev.
 type RulesStatus struct {
-	Rev              uint64  `json:"rev"`
-	Primary          string  `json:"primary"`
-	Replica          string  `json:"replica"`
-	HeartbeatTimeout float64 `json:"heartbeat_timeout_s"`
-	FailureThreshold int     `json:"failure_threshold"`
-	SuccessThreshold int     `json:"success_threshold"`
-	FailoverTimeout  float64 `json:"failover_timeout_s"`
-	FenceGrace       float64 `json:"fence_grace_s"`
-	Failback         string  `json:"failback"`
+	Rev uint64 `json:"rev"`
+	rulesJSON
 }
 
 func newStatusCmd(stdout io.Writer) *cobra.Command {
@@ -268,12 +271,8 @@ func pairStatus(ctx context.Context, kv events.KV, pair string, now time.Time) (
 	} else if !errors.Is(err, events.ErrNotFound) {
 		return st, err
 	}
-	if e, err := kv.Get(ctx, failover.ConfigKey(pair)); err == nil {
-		if r, err := failover.DecodeRules(e.Value); err == nil {
-			st.Rules = &RulesStatus{Rev: e.Revision, Primary: r.Primary, Replica: r.Replica, HeartbeatTimeout: r.HeartbeatTimeout.Seconds(),
-				FailureThreshold: r.FailureThreshold, SuccessThreshold: r.SuccessThreshold, FailoverTimeout: r.FailoverTimeout.Seconds(),
-				FenceGrace: r.FenceGrace.Seconds(), Failback: r.Failback.String()}
-		}
+	if r, e, err := readRules(ctx, kv, pair); err == nil {
+		st.Rules = &RulesStatus{Rev: e.Revision, rulesJSON: rulesOf(r)}
 	}
 	// Members' own heartbeats, whether or not the rules are known.
 	w, err := kv.Watch(ctx, pair+".hb.*", events.WatchOptions{})

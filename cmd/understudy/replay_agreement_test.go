@@ -36,7 +36,7 @@ type simReport struct {
 		To   string  `json:"to"`
 		Term uint64  `json:"term"`
 	} `json:"takeovers"`
-	Rules simulationRules `json:"rules"`
+	Rules rulesJSON `json:"rules"`
 }
 
 // replayAvailability is the part of `replay --format json` it reads.

@@ -7,11 +7,9 @@ import (
 	"math"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/term"
 
 	"understudy/actors/failover"
 	"understudy/runtime"
@@ -184,9 +182,9 @@ func runSimulate(cmd *cobra.Command, f simulateFlags, stdout, stderr io.Writer) 
 	if f.asJSON {
 		out := struct {
 			*simulations.Result
-			Reproduce string          `json:"reproduce"`
-			Rules     simulationRules `json:"rules"`
-			Out       string          `json:"out,omitempty"`
+			Reproduce string    `json:"reproduce"`
+			Rules     rulesJSON `json:"rules"`
+			Out       string    `json:"out,omitempty"`
 		}{res, reproduce, rulesOf(rules), f.out}
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -215,8 +213,8 @@ func loadRulesFile(path string, allowUnsafe bool, verb string) (failover.Rules, 
 	return r, err
 }
 
-// simulationRules are the rules of a run, for --json.
-type simulationRules struct {
+// rulesJSON are a pair's rules as --json prints them (seconds).
+type rulesJSON struct {
 	Pair             string  `json:"pair"`
 	Primary          string  `json:"primary"`
 	Replica          string  `json:"replica"`
@@ -229,8 +227,8 @@ type simulationRules struct {
 	Safe             bool    `json:"safe"`
 }
 
-func rulesOf(r failover.Rules) simulationRules {
-	return simulationRules{
+func rulesOf(r failover.Rules) rulesJSON {
+	return rulesJSON{
 		Pair: r.Pair, Primary: r.Primary, Replica: r.Replica,
 		HeartbeatTimeout: r.HeartbeatTimeout.Seconds(), FailureThreshold: r.FailureThreshold, SuccessThreshold: r.SuccessThreshold,
 		FailoverTimeout: r.FailoverTimeout.Seconds(), FenceGrace: r.FenceGrace.Seconds(), Failback: r.Failback.String(),
@@ -311,14 +309,16 @@ func runSwarm(cmd *cobra.Command, f simulateFlags, rules failover.Rules, fsync s
 	if sc.Duration == 0 {
 		sc.Duration = 10 * time.Minute
 	}
-	bar := newProgressBar(stderr, f.seeds)
-	if bar != nil {
-		sc.Progress = bar.update
+	bar := newProgress(stderr, "swarm")
+	if bar.on {
+		sc.Progress = func(done, failed int) {
+			const width = 30
+			fill := width * done / f.seeds
+			bar.draw(done == f.seeds, "[%s%s] %d/%d seeds, %d failed", strings.Repeat("#", fill), strings.Repeat(".", width-fill), done, f.seeds, failed)
+		}
 	}
 	res := simulations.Swarm(cmd.Context(), sc)
-	if bar != nil {
-		bar.finish()
-	}
+	bar.done()
 	if len(res.Errors) > 0 {
 		return fmt.Errorf("swarm: %s", res.Errors[0])
 	}
@@ -356,38 +356,4 @@ func printSwarm(w io.Writer, r simulations.SwarmResult, sc simulations.SwarmConf
 			fmt.Fprintf(w, "  reproduce minimal: %s\n", fl.MinimalReproduce)
 		}
 	}
-}
-
-// progressBar draws the swarm's progress on a terminal.
-type progressBar struct {
-	mu    sync.Mutex
-	w     io.Writer
-	total int
-	last  time.Time
-}
-
-func newProgressBar(stderr io.Writer, total int) *progressBar {
-	file, ok := stderr.(*os.File)
-	if !ok || !term.IsTerminal(int(file.Fd())) {
-		return nil
-	}
-	return &progressBar{w: stderr, total: total}
-}
-
-func (p *progressBar) update(done, failed int) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if done < p.total && time.Since(p.last) < 100*time.Millisecond {
-		return
-	}
-	p.last = time.Now()
-	const width = 30
-	fill := width * done / p.total
-	fmt.Fprintf(p.w, "\r[%s%s] %d/%d seeds, %d failed", strings.Repeat("#", fill), strings.Repeat(".", width-fill), done, p.total, failed)
-}
-
-func (p *progressBar) finish() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	fmt.Fprintln(p.w)
 }

@@ -56,7 +56,7 @@ type whatIfActual struct {
 
 // whatIfRun is one simulated run of the pattern under a set of rules.
 type whatIfRun struct {
-	Rules            simulationRules         `json:"rules"`
+	Rules            rulesJSON               `json:"rules"`
 	Failovers        int                     `json:"failovers"`
 	FalseFailovers   int                     `json:"false_failovers"`
 	UnavailableMS    float64                 `json:"unavailable_ms"`
@@ -317,19 +317,19 @@ func writeWhatIf(w io.Writer, r *whatIfReport, asJSON bool) error {
 		r.Faults, r.Seed, time.Duration(r.SimulatedMS*float64(time.Millisecond)).Round(time.Millisecond))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	row := func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")+"\t") }
-	rl := func(f func(simulationRules) string) []string {
+	rl := func(f func(rulesJSON) string) []string {
 		return []string{f(r.Recorded.Rules), f(r.Recorded.Rules), f(r.Proposed.Rules)}
 	}
 	dur := func(s float64) string { return time.Duration(s * float64(time.Second)).String() }
 	row("", "as recorded", "recorded rules", "proposed rules")
 	row("", "(the record)", "(simulated)", "(simulated)")
-	row(append([]string{"heartbeat_timeout"}, rl(func(x simulationRules) string { return dur(x.HeartbeatTimeout) })...)...)
-	row(append([]string{"failure_threshold"}, rl(func(x simulationRules) string { return fmt.Sprint(x.FailureThreshold) })...)...)
-	row(append([]string{"success_threshold"}, rl(func(x simulationRules) string { return fmt.Sprint(x.SuccessThreshold) })...)...)
-	row(append([]string{"failover_timeout"}, rl(func(x simulationRules) string { return dur(x.FailoverTimeout) })...)...)
-	row(append([]string{"fence_grace"}, rl(func(x simulationRules) string { return dur(x.FenceGrace) })...)...)
-	row(append([]string{"failback"}, rl(func(x simulationRules) string { return x.Failback })...)...)
-	row(append([]string{"safe"}, rl(func(x simulationRules) string { return yesNo(x.Safe) })...)...)
+	row(append([]string{"heartbeat_timeout"}, rl(func(x rulesJSON) string { return dur(x.HeartbeatTimeout) })...)...)
+	row(append([]string{"failure_threshold"}, rl(func(x rulesJSON) string { return fmt.Sprint(x.FailureThreshold) })...)...)
+	row(append([]string{"success_threshold"}, rl(func(x rulesJSON) string { return fmt.Sprint(x.SuccessThreshold) })...)...)
+	row(append([]string{"failover_timeout"}, rl(func(x rulesJSON) string { return dur(x.FailoverTimeout) })...)...)
+	row(append([]string{"fence_grace"}, rl(func(x rulesJSON) string { return dur(x.FenceGrace) })...)...)
+	row(append([]string{"failback"}, rl(func(x rulesJSON) string { return x.Failback })...)...)
+	row(append([]string{"safe"}, rl(func(x rulesJSON) string { return yesNo(x.Safe) })...)...)
 	row("", "", "", "")
 	row("failovers", fmt.Sprint(r.Actual.Failovers), fmt.Sprint(r.Recorded.Failovers), fmt.Sprint(r.Proposed.Failovers))
 	row("of a live primary", fmt.Sprint(r.Actual.FalseFailovers), fmt.Sprint(r.Recorded.FalseFailovers), fmt.Sprint(r.Proposed.FalseFailovers))

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"understudy/actors/agent"
+)
+
+// The fleet commands against a node that runs an agent (the node file's
+// agent section): apply, get status (text and JSON), ping; a bad manifest
+// is refused before anything is stored.
+func TestAgentCommandsEndToEnd(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	node := writeTestFile(t, dir, "node.yaml", `node: n1
+data_dir: `+filepath.Join(dir, "data")+`
+nats: {listen: "127.0.0.1:0"}
+http: 127.0.0.1:0
+log: {format: json}
+agent: {observe_interval: 200ms}
+`)
+	_, ready := startServeBinary(t, "serve", "--config", node)
+	url, _ := ready["client_url"].(string)
+	motd := filepath.Join(dir, "motd")
+	manifest := writeTestFile(t, dir, "m.yaml", "resources:\n  - id: motd\n    kind: file\n    spec: {path: "+motd+", content: \"hello\\n\"}\n  - id: gizmo\n    kind: gizmo\n")
+
+	code, stdout, stderr := runBinary(t, 10*time.Second, "apply", "--nats-url", url, "-f", manifest, "--agent", "n1")
+	if code != exitOK || !strings.Contains(stdout, "applied manifest generation 1 for agent n1 (2 resources") {
+		t.Fatalf("apply: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	var s agent.Status
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		code, stdout, _ = runBinary(t, 10*time.Second, "get", "status", "--nats-url", url, "--agent", "n1", "--json")
+		if code == exitOK && json.Unmarshal([]byte(stdout), &s) == nil && s.Settled() && s.ManifestGeneration == 1 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if s.Resources["motd"].Phase != agent.Ready || s.Resources["gizmo"].Phase != agent.UnknownResource || s.Converged() {
+		t.Fatalf("status: %+v", s)
+	}
+	if b, err := os.ReadFile(motd); err != nil || string(b) != "hello\n" {
+		t.Errorf("motd %q %v", b, err)
+	}
+	code, stdout, _ = runBinary(t, 10*time.Second, "get", "status", "--nats-url", url, "--agent", "n1")
+	if code != exitOK || !strings.Contains(stdout, "motd   file   Ready") || !strings.Contains(stdout, "UnknownResource") || !strings.Contains(stdout, "converged false") {
+		t.Errorf("status text:\n%s", stdout)
+	}
+	code, stdout, stderr = runBinary(t, 10*time.Second, "ping", "--nats-url", url, "n1")
+	if code != exitOK || !strings.HasPrefix(stdout, "n1: agent ") || !strings.Contains(stdout, "round trip") {
+		t.Errorf("ping: exit %d %q %q", code, stdout, stderr)
+	}
+	bad := writeTestFile(t, dir, "bad.yaml", "agent: n1\nresources:\n  - id: x\n    kind: file\n    spec: {path: rel, content: x}\n")
+	code, _, stderr = runBinary(t, 10*time.Second, "apply", "--nats-url", url, "-f", bad)
+	if code != exitUsage || !strings.Contains(stderr, "resources[0].spec: file spec: path: must be an absolute, clean path (got rel)") {
+		t.Errorf("bad manifest: exit %d %q", code, stderr)
+	}
+	code, _, stderr = runBinary(t, 10*time.Second, "get", "status", "--nats-url", url, "--agent", "n9")
+	if code != exitFailure || !strings.Contains(stderr, "agent n9: no status") {
+		t.Errorf("unknown agent: exit %d %q", code, stderr)
+	}
+	code, _, stderr = runBinary(t, 10*time.Second, "ping", "--nats-url", url, "--timeout", "300ms", "n9")
+	if code != exitFailure || !strings.Contains(stderr, "ping n9") {
+		t.Errorf("ping of an absent agent: exit %d %q", code, stderr)
+	}
+}
