@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
+
+	"understudy/events/mp"
 )
 
 // Errors of the codec with stable identities (ErrCorrupt is in store.go).
@@ -418,7 +420,7 @@ func appendString(dst []byte, s string) []byte {
 
 // Reasons an envelope is corrupt; DecodeError.Err carries them.
 var (
-	errTruncated  = errors.New("truncated msgpack")
+	errTruncated  = mp.ErrTruncated
 	errReserved   = errors.New("reserved msgpack code 0xc1")
 	errTooDeep    = fmt.Errorf("msgpack nested deeper than %d levels", maxDepth)
 	errNotMap     = errors.New("envelope is not a msgpack map")
@@ -543,22 +545,14 @@ func uintAt(data []byte, i, end int) (uint64, bool) {
 	case c <= 0x7f:
 		return uint64(c), true
 	case c >= 0xcc && c <= 0xcf: // uint 8..64
-		return beUint(p), true
+		return mp.BeUint(p), true
 	case c >= 0xd0 && c <= 0xd3: // int 8..64, sign bit first
 		if p[0]&0x80 != 0 {
 			return 0, false
 		}
-		return beUint(p), true
+		return mp.BeUint(p), true
 	}
 	return 0, false
-}
-
-func beUint(p []byte) uint64 {
-	var v uint64
-	for _, b := range p {
-		v = v<<8 | uint64(b)
-	}
-	return v
 }
 
 // msgpackHead reads the header of the msgpack item at b[i]: its size, how
@@ -583,7 +577,7 @@ func msgpackHead(b []byte, i int) (hdr int, payload, children uint64, err error)
 		if n > len(b)-i-1 {
 			return 0, errTruncated
 		}
-		return beUint(b[i+1 : i+1+n]), nil
+		return mp.BeUint(b[i+1 : i+1+n]), nil
 	}
 	var n uint64
 	switch c {

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"understudy/events/mp"
 )
 
 // ExportFormatVersion is the version of the export file format this build
@@ -653,13 +655,13 @@ func (r *ExportReader) trailer(head, body []byte) error {
 				return 0, errExportDupKey
 			}
 			haveCount = true
-			count, i, err = mpUint(b, i)
+			count, i, err = mp.Uint(b, i)
 		case keyCRC:
 			if haveSum {
 				return 0, errExportDupKey
 			}
 			haveSum = true
-			sum, i, err = mpUint(b, i)
+			sum, i, err = mp.Uint(b, i)
 		default:
 			i, err = valueEnd(b, i)
 		}
@@ -698,25 +700,25 @@ func (r *ExportReader) parseHeader(body []byte) (ExportHeader, error) {
 		switch string(key) {
 		case keyCreated:
 			bit = 1 << 0
-			nanos, i, err = mpInt(b, i)
+			nanos, i, err = mp.Int(b, i)
 			h.Created = timeOf(nanos)
 		case keySource:
 			bit = 1 << 1
 			var s []byte
-			s, i, err = mpBytes(b, i)
+			s, i, err = mp.Bytes(b, i)
 			h.Source = string(s)
 		case keyPair:
 			bit = 1 << 2
 			var s []byte
-			s, i, err = mpBytes(b, i)
+			s, i, err = mp.Bytes(b, i)
 			h.Pair = string(s)
 		case keyFrom:
 			bit = 1 << 3
-			nanos, i, err = mpInt(b, i)
+			nanos, i, err = mp.Int(b, i)
 			h.From = timeOf(nanos)
 		case keyTo:
 			bit = 1 << 4
-			nanos, i, err = mpInt(b, i)
+			nanos, i, err = mp.Int(b, i)
 			h.To = timeOf(nanos)
 		case keyMeta:
 			bit = 1 << 5
@@ -746,26 +748,26 @@ func (r *ExportReader) parseRecord(body []byte) (Record, error) {
 		switch string(key) {
 		case keyStream:
 			bit = 1 << 0
-			s, i, err = mpBytes(b, i)
+			s, i, err = mp.Bytes(b, i)
 			rec.Stream = r.intern(s)
 		case keySubject:
 			bit = 1 << 1
-			s, i, err = mpBytes(b, i)
+			s, i, err = mp.Bytes(b, i)
 			rec.Subject = r.intern(s)
 		case keySequence:
 			bit = 1 << 2
-			rec.Sequence, i, err = mpUint(b, i)
+			rec.Sequence, i, err = mp.Uint(b, i)
 		case keyTime:
 			bit = 1 << 3
 			var nanos int64
-			nanos, i, err = mpInt(b, i)
+			nanos, i, err = mp.Int(b, i)
 			rec.Time = timeOf(nanos)
 		case keyHeaders:
 			bit = 1 << 4
 			rec.Headers, i, err = r.stringMap(b, i, true)
 		case keyData:
 			bit = 1 << 5
-			s, i, err = mpBytes(b, i)
+			s, i, err = mp.Bytes(b, i)
 			if len(s) > 0 {
 				rec.Data = bytes.Clone(s)
 			}
@@ -811,17 +813,17 @@ func (r *ExportReader) stringMap(b []byte, i int, internKeys bool) (map[string]s
 	if i < len(b) && b[i] == 0xc0 {
 		return nil, i + 1, nil
 	}
-	n, i, err := mpMapLen(b, i)
+	n, i, err := mp.MapLen(b, i)
 	if err != nil || n == 0 {
 		return nil, i, err
 	}
 	m := make(map[string]string, n)
 	for range n {
 		var k, v []byte
-		if k, i, err = mpBytes(b, i); err != nil {
+		if k, i, err = mp.Bytes(b, i); err != nil {
 			return nil, 0, err
 		}
-		if v, i, err = mpBytes(b, i); err != nil {
+		if v, i, err = mp.Bytes(b, i); err != nil {
 			return nil, 0, err
 		}
 		key := string(k)
@@ -840,9 +842,6 @@ func (r *ExportReader) stringMap(b []byte, i int, internKeys bool) (map[string]s
 
 var (
 	errExportNotMap = errors.New("frame body is not a msgpack map")
-	errNotBytes     = errors.New("not a msgpack str or bin")
-	errNotUint      = errors.New("not a non-negative msgpack integer")
-	errNotInt       = errors.New("not a msgpack integer in the int64 range")
 	errExportDupKey = errors.New("duplicate key")
 
 	errExportKeyNotStr = errors.New("map key is not a msgpack str")
@@ -852,13 +851,13 @@ var (
 // each string key and the offset of its value; fn returns where the value
 // ends. Nil values are skipped: a nil field reads as its zero value.
 func eachKey(body []byte, fn func(key, b []byte, i int) (int, error)) error {
-	n, i, err := mpMapLen(body, 0)
+	n, i, err := mp.MapLen(body, 0)
 	if err != nil {
 		return errExportNotMap
 	}
 	for range n {
 		var key []byte
-		if key, i, err = mpBytes(body, i); err != nil {
+		if key, i, err = mp.Bytes(body, i); err != nil {
 			return errExportKeyNotStr
 		}
 		if i < len(body) && body[i] == 0xc0 {
@@ -873,126 +872,6 @@ func eachKey(body []byte, fn func(key, b []byte, i int) (int, error)) error {
 		return fmt.Errorf("%w: %d of %d bytes read", errTrailing, i, len(body))
 	}
 	return nil
-}
-
-func mpMapLen(b []byte, i int) (n, next int, err error) {
-	if i >= len(b) {
-		return 0, 0, errTruncated
-	}
-	c := b[i]
-	switch {
-	case c >= 0x80 && c <= 0x8f:
-		n, next = int(c&0x0f), i+1
-	case c == 0xde && i+3 <= len(b):
-		n, next = int(binary.BigEndian.Uint16(b[i+1:])), i+3
-	case c == 0xdf && i+5 <= len(b):
-		n, next = int(binary.BigEndian.Uint32(b[i+1:])), i+5
-	case c == 0xde || c == 0xdf:
-		return 0, 0, errTruncated
-	default:
-		return 0, 0, errExportNotMap
-	}
-	if n > (len(b)-next)/2 { // every entry takes at least two bytes
-		return 0, 0, errTruncated
-	}
-	return n, next, nil
-}
-
-// mpBytes returns the payload of the str or bin at b[i:].
-func mpBytes(b []byte, i int) (p []byte, next int, err error) {
-	if i >= len(b) {
-		return nil, 0, errTruncated
-	}
-	c := b[i]
-	var n, hdr int
-	switch {
-	case c >= 0xa0 && c <= 0xbf:
-		n, hdr = int(c&0x1f), 1
-	case (c == 0xd9 || c == 0xc4) && i+2 <= len(b):
-		n, hdr = int(b[i+1]), 2
-	case (c == 0xda || c == 0xc5) && i+3 <= len(b):
-		n, hdr = int(binary.BigEndian.Uint16(b[i+1:])), 3
-	case (c == 0xdb || c == 0xc6) && i+5 <= len(b):
-		n, hdr = int(binary.BigEndian.Uint32(b[i+1:])), 5
-	case c == 0xd9 || c == 0xc4 || c == 0xda || c == 0xc5 || c == 0xdb || c == 0xc6:
-		return nil, 0, errTruncated
-	default:
-		return nil, 0, errNotBytes
-	}
-	start := i + hdr
-	if n > len(b)-start {
-		return nil, 0, errTruncated
-	}
-	return b[start : start+n], start + n, nil
-}
-
-func mpUint(b []byte, i int) (uint64, int, error) {
-	if i >= len(b) {
-		return 0, 0, errTruncated
-	}
-	c := b[i]
-	if c <= 0x7f {
-		return uint64(c), i + 1, nil
-	}
-	size := 0
-	switch c {
-	case 0xcc, 0xd0:
-		size = 1
-	case 0xcd, 0xd1:
-		size = 2
-	case 0xce, 0xd2:
-		size = 4
-	case 0xcf, 0xd3:
-		size = 8
-	default:
-		return 0, 0, errNotUint
-	}
-	if size > len(b)-i-1 {
-		return 0, 0, errTruncated
-	}
-	p := b[i+1 : i+1+size]
-	if c >= 0xd0 && p[0]&0x80 != 0 { // a negative signed integer
-		return 0, 0, errNotUint
-	}
-	return beUint(p), i + 1 + size, nil
-}
-
-func mpInt(b []byte, i int) (int64, int, error) {
-	if i >= len(b) {
-		return 0, 0, errTruncated
-	}
-	c := b[i]
-	switch {
-	case c <= 0x7f:
-		return int64(c), i + 1, nil
-	case c >= 0xe0:
-		return int64(int8(c)), i + 1, nil
-	}
-	var size int
-	switch c {
-	case 0xcc, 0xd0:
-		size = 1
-	case 0xcd, 0xd1:
-		size = 2
-	case 0xce, 0xd2:
-		size = 4
-	case 0xcf, 0xd3:
-		size = 8
-	default:
-		return 0, 0, errNotInt
-	}
-	if size > len(b)-i-1 {
-		return 0, 0, errTruncated
-	}
-	u := beUint(b[i+1 : i+1+size])
-	if c >= 0xd0 { // signed: sign-extend
-		shift := 64 - 8*size
-		return int64(u<<shift) >> shift, i + 1 + size, nil
-	}
-	if u > 1<<63-1 {
-		return 0, 0, errNotInt
-	}
-	return int64(u), i + 1 + size, nil
 }
 
 // --- KV records --------------------------------------------------------------

@@ -424,7 +424,8 @@ func TestFastDecodersAgree(t *testing.T) {
 			t.Fatalf("fast %+v, slow %+v", fast, slow)
 		}
 		hb := failover.Heartbeat{Site: rapid.SampledFrom([]string{"site-a", "b"}).Draw(t, "hsite"), Beat: rapid.Uint64().Draw(t, "hbeat"),
-			Phase: failover.Phase(rapid.IntRange(0, 9).Draw(t, "phase")), Ready: rapid.Bool().Draw(t, "ready")}
+			Phase: failover.Phase(rapid.IntRange(0, 9).Draw(t, "phase")), Ready: rapid.Bool().Draw(t, "ready"),
+			RulesRev: rapid.Uint64().Draw(t, "rulesrev"), RejectedRev: rapid.Uint64().Draw(t, "rejectedrev")}
 		hbb := failover.EncodeHeartbeat(hb)
 		fh, ok := f.decodeHeartbeatFast(hbb)
 		if !ok {
