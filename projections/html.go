@@ -88,18 +88,7 @@ func WriteHTML(out io.Writer, r *Report) error {
 	w := bufio.NewWriter(out)
 	e := html.EscapeString
 	tf := clockFormat(r.Window)
-	at := func(t *time.Time) string {
-		if t == nil {
-			return "—"
-		}
-		return t.UTC().Format(tf)
-	}
-	msOf := func(p *float64) string {
-		if p == nil {
-			return "—"
-		}
-		return fmt.Sprintf("%.0f", *p)
-	}
+	at := func(t *time.Time) string { return clockOrDash(t, tf) }
 	fmt.Fprintf(w, htmlHead, e(r.Pair))
 	fmt.Fprintf(w, "<header><h1>understudy replay — pair <b>%s</b></h1><div class=\"sub\">%s → %s (%s, server time UTC)",
 		e(r.Pair), e(r.Window.From.Format(time.RFC3339Nano)), e(r.Window.To.Format(time.RFC3339Nano)), e(dur(r.Window.MS)))

@@ -67,18 +67,7 @@ func WriteJSON(w io.Writer, r *Report) error {
 func WriteText(out io.Writer, r *Report) error {
 	w := bufio.NewWriter(out)
 	tf := clockFormat(r.Window)
-	at := func(t *time.Time) string {
-		if t == nil {
-			return "—"
-		}
-		return t.UTC().Format(tf)
-	}
-	msOf := func(p *float64) string {
-		if p == nil {
-			return "—"
-		}
-		return fmt.Sprintf("%.0f", *p)
-	}
+	at := func(t *time.Time) string { return clockOrDash(t, tf) }
 	partial := func() {
 		if r.Partial != nil {
 			fmt.Fprintf(w, "*** PARTIAL: the record ended in an error; only the %d records read before byte %d are shown ***\n*** %s ***\n",
@@ -347,4 +336,20 @@ func (t *table) flush() {
 		}
 		fmt.Fprintln(t.w, strings.TrimRight(b.String(), " "))
 	}
+}
+
+// clockOrDash writes t in format tf, "—" when there is none.
+func clockOrDash(t *time.Time, tf string) string {
+	if t == nil {
+		return "—"
+	}
+	return t.UTC().Format(tf)
+}
+
+// msOf writes a duration in whole milliseconds, "—" when there is none.
+func msOf(p *float64) string {
+	if p == nil {
+		return "—"
+	}
+	return fmt.Sprintf("%.0f", *p)
 }
