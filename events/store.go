@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"iter"
+	"strconv"
 	"time"
 )
 
@@ -83,6 +84,25 @@ type Record struct {
 	Headers  map[string]string
 	Data     []byte // the encoded envelope
 }
+
+// Queued is how long the record's event waited on its node before the
+// append that stored it (HeaderQueued; 0 when absent or unreadable).
+func (r Record) Queued() time.Duration {
+	v, ok := r.Headers[HeaderQueued]
+	if !ok {
+		return 0
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 {
+		return 0
+	}
+	return time.Duration(n)
+}
+
+// Occurred is when the record's event happened on its node, as far as the
+// record tells: the server timestamp less Queued. An estimate (see
+// HeaderQueued): never use it where a bound must stay conservative.
+func (r Record) Occurred() time.Time { return r.Time.Add(-r.Queued()) }
 
 // ReadOptions select records from a Log.
 type ReadOptions struct {

@@ -292,24 +292,10 @@ func (f *Fold) Add(rec events.Record) {
 		if _, ok := rec.Headers[events.HeaderQueued]; ok {
 			f.backdated = true
 		}
-		f.evs = append(f.evs, eventRec{t: landed.Add(-queued(rec)), landed: landed, stream: rec.Stream, subject: rec.Subject, seq: rec.Sequence,
+		f.evs = append(f.evs, eventRec{t: landed.Add(-rec.Queued()), landed: landed, stream: rec.Stream, subject: rec.Subject, seq: rec.Sequence,
 			site: si.site, proc: si.kind == kindProcedureEvent, ev: ev})
 		f.counts.Events++
 	}
-}
-
-// queued is how long an event waited on its node before the append that
-// stored it (events.HeaderQueued; 0 when absent or unreadable).
-func queued(rec events.Record) time.Duration {
-	v, ok := rec.Headers[events.HeaderQueued]
-	if !ok {
-		return 0
-	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || n < 0 {
-		return 0
-	}
-	return time.Duration(n)
 }
 
 // classify finds what a subject holds, once per subject.

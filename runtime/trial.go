@@ -272,11 +272,12 @@ func collectTrial(ctx context.Context, js jetstream.JetStream, kv events.KV, opt
 			sum.Unreadable = append(sum.Unreadable, fmt.Sprintf("%s sequence %d: %v", rec.Subject, rec.Sequence, err))
 			continue
 		}
-		t := rec.Time
+		// Dated as the replay dates them: when they happened on the node.
+		t := rec.Occurred()
 		site := rec.Subject[len("ev.failover."+r.Pair+"."):]
 		switch ev.(type) {
 		case *failover.Fenced:
-			if site == r.Primary && !rec.Time.Before(sum.FaultAt) && sum.PrimaryFencedAt == nil {
+			if site == r.Primary && !t.Before(sum.FaultAt) && sum.PrimaryFencedAt == nil {
 				sum.PrimaryFencedAt = &t
 			}
 		case *failover.AcquireAttempted:
