@@ -43,7 +43,7 @@ func understudyBinary(t *testing.T) string {
 			return
 		}
 		binPath = filepath.Join(binDir, "understudy")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		out, err := exec.Command("go", "build", "-tags", "libvirt_dlopen", "-o", binPath, ".").CombinedOutput()
 		if err != nil {
 			binErr = fmt.Errorf("go build: %v\n%s", err, out)
 		}

@@ -90,7 +90,7 @@ func TestConfigErrorsStayTyped(t *testing.T) {
 func TestBinaryServeUntilSIGTERM(t *testing.T) {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "understudy")
-	build := exec.Command("go", "build", "-ldflags", "-X understudy/runtime.Version=v9.9.9-e2e", "-o", bin, ".")
+	build := exec.Command("go", "build", "-tags", "libvirt_dlopen", "-ldflags", "-X understudy/runtime.Version=v9.9.9-e2e", "-o", bin, ".")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
