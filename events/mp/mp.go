@@ -1,9 +1,3 @@
-// Package mp reads msgpack values in place: no reflection, no allocation.
-// Each function reads the value at b[i:] in any of the encodings msgpack
-// allows for its type and returns it with the offset just past it. It is
-// for the hot paths that read understudy's own records (export files, KV
-// values folded by the projections); the msgpack library stays the
-// definition of every wire form.
 package mp
 
 import (
