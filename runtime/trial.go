@@ -67,6 +67,11 @@ type TrialSummary struct {
 	FaultAt              time.Time  `json:"fault_at"` // local wall time the fault began
 	LastPrimaryHeartbeat time.Time  `json:"last_primary_heartbeat"`
 	PrimaryFencedAt      *time.Time `json:"primary_fenced_at"`
+	// PrimaryFenceDeadline is when the rules have a primary that is still
+	// running fenced at the latest: its last heartbeat + (failure_threshold
+	// + 1) × heartbeat_timeout + fence_grace. After a power cut nothing is
+	// left to fence; this is the moment the replica's promotion relies on.
+	PrimaryFenceDeadline *time.Time `json:"primary_fence_deadline"`
 	PromotionAttemptAt   *time.Time `json:"promotion_attempt_at"`
 	PromotedAt           *time.Time `json:"promoted_at"`
 	ServingAt            *time.Time `json:"serving_at"`
@@ -257,6 +262,10 @@ func collectTrial(ctx context.Context, js jetstream.JetStream, kv events.KV, opt
 		}
 	}
 	sum.LastPrimaryHeartbeat = lastPrimary
+	if !lastPrimary.IsZero() {
+		d := lastPrimary.Add(r.MinFailoverTimeout())
+		sum.PrimaryFenceDeadline = &d
+	}
 	evlog, err := events.NewJetStreamLog(js, opts.Stream, Codec())
 	if err != nil {
 		return err

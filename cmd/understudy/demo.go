@@ -161,6 +161,9 @@ func printSummary(w io.Writer, s runtime.TrialSummary, start time.Time) {
 	} else {
 		fmt.Fprintf(w, "  primary fenced                — (power cut: the machine is off, nothing left to fence)\n")
 	}
+	if s.PrimaryFenceDeadline != nil {
+		fmt.Fprintf(w, "  fenced at the latest by       %s  (a primary still running; the rules' bound)\n", at(s.PrimaryFenceDeadline))
+	}
 	fmt.Fprintf(w, "  promotion attempt by %s   %s  (detection %.0f ms)\n", s.Replica, at(s.PromotionAttemptAt), s.DetectionMS)
 	fmt.Fprintf(w, "  register won by %s        %s  (failover %.0f ms; bound failover_timeout = %.0f ms)\n", s.Replica, at(s.PromotedAt), s.FailoverMS, s.FailoverTimeoutMS)
 	fmt.Fprintf(w, "  %s serving                %s  (%.0f ms after the last primary heartbeat)\n", s.Replica, at(s.ServingAt), s.ServingMS)
