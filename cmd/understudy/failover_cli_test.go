@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 }
 
 // understudyBinary builds the binary once per test run.
-func understudyBinary(t *testing.T) string {
+func understudyBinary(t testing.TB) string {
 	t.Helper()
 	binOnce.Do(func() {
 		binDir, binErr = os.MkdirTemp("", "understudy-cli-test-")
@@ -55,7 +55,7 @@ func understudyBinary(t *testing.T) string {
 }
 
 // runBinary runs the binary to completion and returns its exit code and output.
-func runBinary(t *testing.T, timeout time.Duration, args ...string) (code int, stdout, stderr string) {
+func runBinary(t testing.TB, timeout time.Duration, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	cmd := exec.Command(understudyBinary(t), args...)
 	var out, errb bytes.Buffer
@@ -93,7 +93,7 @@ fence_grace: 300ms
 	cliSlack = 400 * time.Millisecond
 )
 
-func writeTestFile(t *testing.T, dir, name, body string) string {
+func writeTestFile(t testing.TB, dir, name, body string) string {
 	t.Helper()
 	path := filepath.Join(dir, name)
 	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
@@ -173,7 +173,7 @@ func (n *servingNode) stderr() string {
 }
 
 // startServe starts serve with args and returns it with its "ready" line.
-func startServeBinary(t *testing.T, args ...string) (*servingNode, map[string]any) {
+func startServeBinary(t testing.TB, args ...string) (*servingNode, map[string]any) {
 	t.Helper()
 	n := &servingNode{cmd: exec.Command(understudyBinary(t), args...), exited: make(chan struct{})}
 	stderr, err := n.cmd.StderrPipe()
