@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 
 	"github.com/anthdm/hollywood/actor"
 	"github.com/nats-io/nats.go/jetstream"
@@ -11,6 +12,7 @@ import (
 	"understudy/actors/agent"
 	"understudy/actors/failover"
 	"understudy/actors/procedure"
+	"understudy/actors/resources/libvirt"
 	"understudy/events"
 )
 
@@ -25,10 +27,18 @@ func Codec() *events.Registry {
 	return reg
 }
 
+// DefaultDrivers are the procedure drivers of every node: exec, and the
+// libvirt fence drivers (libvirt-destroy, libvirt-link-down).
+func DefaultDrivers() procedure.Drivers {
+	d := procedure.DefaultDrivers()
+	maps.Copy(d, libvirt.FenceDrivers())
+	return d
+}
+
 // HostOptions tune a Host.
 type HostOptions struct {
 	Logger  *slog.Logger
-	Drivers procedure.Drivers // procedure.DefaultDrivers() when nil
+	Drivers procedure.Drivers // DefaultDrivers() when nil
 	Observe func(Transition)  // see MemberDeps.Observe
 	Metrics *MemberMetrics    // see MemberDeps.Metrics
 }
@@ -50,7 +60,7 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 	}
 	drivers := opts.Drivers
 	if drivers == nil {
-		drivers = procedure.DefaultDrivers()
+		drivers = DefaultDrivers()
 	}
 	evlog, err := events.NewJetStreamLog(js, stream, Codec())
 	if err != nil {

@@ -43,9 +43,10 @@ func (c ChainSpec) WorstCase() time.Duration {
 // driverChecks.
 type StepSpec struct {
 	Name    string        `yaml:"name"`   // default on load: <driver>-<index>
-	Driver  string        `yaml:"driver"` // "exec"
+	Driver  string        `yaml:"driver"` // "exec", "libvirt-destroy", "libvirt-link-down"
 	Timeout time.Duration `yaml:"timeout"`
 	Exec    *ExecSpec     `yaml:"exec,omitempty"`
+	Libvirt *LibvirtSpec  `yaml:"libvirt,omitempty"`
 
 	badTimeout string // the YAML timeout text when it did not parse; Validate reports it
 }
@@ -61,10 +62,11 @@ type ExecSpec struct {
 // stepYAML is StepSpec as written in YAML: the timeout is a Go duration
 // string ("10s"), which yaml.v3 does not decode into a time.Duration.
 type stepYAML struct {
-	Name    string    `yaml:"name"`
-	Driver  string    `yaml:"driver"`
-	Timeout *string   `yaml:"timeout,omitempty"`
-	Exec    *ExecSpec `yaml:"exec,omitempty"`
+	Name    string       `yaml:"name"`
+	Driver  string       `yaml:"driver"`
+	Timeout *string      `yaml:"timeout,omitempty"`
+	Exec    *ExecSpec    `yaml:"exec,omitempty"`
+	Libvirt *LibvirtSpec `yaml:"libvirt,omitempty"`
 }
 
 // UnmarshalYAML reads the timeout as a duration string, 30s when omitted.
@@ -75,7 +77,7 @@ func (s *StepSpec) UnmarshalYAML(unmarshal func(any) error) error {
 	if err := unmarshal(&y); err != nil {
 		return err
 	}
-	*s = StepSpec{Name: y.Name, Driver: y.Driver, Timeout: DefaultStepTimeout, Exec: y.Exec}
+	*s = StepSpec{Name: y.Name, Driver: y.Driver, Timeout: DefaultStepTimeout, Exec: y.Exec, Libvirt: y.Libvirt}
 	if y.Timeout != nil {
 		d, err := time.ParseDuration(strings.TrimSpace(*y.Timeout))
 		if err != nil {
@@ -90,7 +92,7 @@ func (s *StepSpec) UnmarshalYAML(unmarshal func(any) error) error {
 // MarshalYAML writes the timeout back as a duration string.
 func (s StepSpec) MarshalYAML() (any, error) {
 	t := s.Timeout.String()
-	return stepYAML{Name: s.Name, Driver: s.Driver, Timeout: &t, Exec: s.Exec}, nil
+	return stepYAML{Name: s.Name, Driver: s.Driver, Timeout: &t, Exec: s.Exec, Libvirt: s.Libvirt}, nil
 }
 
 // UnmarshalYAML names unnamed steps <driver>-<index>, so every step event
@@ -114,7 +116,9 @@ func (c *ChainSpec) UnmarshalYAML(unmarshal func(any) error) error {
 // driverChecks are the drivers a step may name, each with the check of its
 // own fields (path is the step's field path).
 var driverChecks = map[string]func(s StepSpec, path string) error{
-	"exec": checkExec,
+	"exec":                checkExec,
+	DriverLibvirtDestroy:  checkLibvirt,
+	DriverLibvirtLinkDown: checkLibvirt,
 }
 
 func checkExec(s StepSpec, path string) error {
@@ -123,6 +127,9 @@ func checkExec(s StepSpec, path string) error {
 	}
 	if strings.TrimSpace(s.Exec.Command) == "" {
 		return &actors.ConfigError{Field: path + ".exec.command", Rule: "must not be empty"}
+	}
+	if s.Libvirt != nil {
+		return &actors.ConfigError{Field: path + ".libvirt", Rule: "applies to the libvirt drivers only; driver exec takes exec"}
 	}
 	for _, k := range slices.Sorted(maps.Keys(s.Exec.Env)) {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
@@ -195,6 +202,9 @@ func (s StepSpec) Summary() string {
 			parts = append(parts, a)
 		}
 		return truncate(strings.Join(parts, " "), maxSummary)
+	}
+	if s.Libvirt != nil {
+		return libvirtSummary(s)
 	}
 	return s.Driver
 }

@@ -122,8 +122,8 @@ procedures:
     steps:
       - {name: a, driver: exec, exec: {command: pg_ctl}}
       - {name: b, driver: exec, exec: {command: pg_ctl}}
-      - {name: c, driver: libvirt-destroy}`,
-			field: "procedures.demote.steps[2].driver", rule: "unknown driver; known drivers: exec", value: `"libvirt-destroy"`,
+      - {name: c, driver: ipmi-power-off}`,
+			field: "procedures.demote.steps[2].driver", rule: "unknown driver; known drivers: exec, libvirt-destroy, libvirt-link-down", value: `"ipmi-power-off"`,
 		},
 		{
 			name: "missing driver",

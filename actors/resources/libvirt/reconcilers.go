@@ -1,0 +1,361 @@
+package libvirt
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	lv "libvirt.org/go/libvirt"
+
+	"understudy/actors/resources"
+)
+
+// The kinds' names in a manifest.
+const (
+	KindVM      = "vm"
+	KindNetwork = "network"
+)
+
+// VMReconciler is the vm kind: a libvirt domain defined from the spec,
+// kept running (or shut off), redefined when its definition drifts.
+//
+// A resource's libvirt name is its spec's name, or its resource id when the
+// spec has none (ids are lower-case letters, digits, - and _, valid libvirt
+// names as they are). Delete destroys and undefines the domain; disk
+// images are data and stay. Safe for concurrent use; every method is
+// idempotent, and Validate never connects.
+type VMReconciler struct{ hv *Hypervisor }
+
+// NewVMReconciler returns the vm kind on hv.
+func NewVMReconciler(hv *Hypervisor) *VMReconciler { return &VMReconciler{hv: hv} }
+
+type vmSpec struct {
+	vm        *VM
+	state     string
+	autostart bool
+}
+
+func (*VMReconciler) Kind() string { return KindVM }
+
+// Close closes the libvirt connections of its Hypervisor (the agent is
+// stopping); idempotent.
+func (r *VMReconciler) Close() error { return r.hv.Close() }
+
+func (r *VMReconciler) Validate(spec resources.Spec) error {
+	_, err := parseVMSpec("", spec)
+	return err
+}
+
+// parseVMSpec decodes a vm spec; id names the domain when the spec does not.
+func parseVMSpec(id string, spec resources.Spec) (vmSpec, error) {
+	f := newFields(KindVM, spec)
+	name := f.str("name")
+	if name == "" {
+		name = id
+		if name == "" {
+			name = "validate" // Validate has no id; the manifest checks ids
+		}
+	}
+	vm := NewVM(name)
+	vm.Type = f.oneOf("domain_type", DomainKVM, domainTypes)
+	vm.VCPUs = f.integer("vcpus", 1)
+	mem, ok := f.memoryMiB("memory")
+	if !ok {
+		f.fail("memory", "required: a size such as 2GiB or 512MiB, or a whole number of MiB")
+	}
+	vm.MemoryMiB = mem
+	for _, d := range f.maps("disks") {
+		disk := Disk{Path: d.str("path"), Format: d.str("format"), Bus: d.str("bus"), Device: d.str("device")}
+		if err := d.done(); err != nil {
+			return vmSpec{}, err
+		}
+		vm.WithDisk(disk)
+	}
+	for _, n := range f.maps("nics") {
+		nic := NIC{Network: n.str("network"), Bridge: n.str("bridge"), MAC: n.str("mac"), Model: n.str("model")}
+		if v, ok := n.spec["mac"]; ok && v != nil {
+			if _, isStr := v.(string); !isStr {
+				return vmSpec{}, &resources.SpecError{Kind: KindVM, Field: n.prefix + "mac", Rule: fmt.Sprintf("must be a quoted string such as \"52:54:00:12:34:56\" (got %v)", v)}
+			}
+		}
+		if err := n.done(); err != nil {
+			return vmSpec{}, err
+		}
+		vm.WithNIC(nic)
+	}
+	vm.CDROM = f.str("cdrom")
+	if _, set := spec["boot"]; set {
+		vm.Boot = f.strs("boot")
+	} else {
+		// Unset: the first of hd, cdrom, network the vm has.
+		f.seen["boot"] = true
+		hasDisk, hasCDROM := false, vm.CDROM != ""
+		for _, d := range vm.Disks {
+			hasDisk = hasDisk || d.withDefaults().Device == "disk"
+			hasCDROM = hasCDROM || d.Device == "cdrom"
+		}
+		switch {
+		case hasDisk:
+			vm.Boot = []string{BootHD}
+		case hasCDROM:
+			vm.Boot = []string{BootCDROM}
+		case len(vm.NICs) > 0:
+			vm.Boot = []string{BootNetwork}
+		default:
+			f.fail("disks", "a vm needs something to boot from: a disk, a cdrom or a nic")
+		}
+	}
+	s := vmSpec{vm: vm}
+	s.state = f.oneOf("state", StateRunning, []string{StateRunning, StateShutoff})
+	s.autostart = f.boolean("autostart", false)
+	if err := f.done(); err != nil {
+		return vmSpec{}, err
+	}
+	if err := vm.Validate(); err != nil {
+		return vmSpec{}, err
+	}
+	return s, nil
+}
+
+func (r *VMReconciler) Observe(ctx context.Context, id string, spec resources.Spec) (resources.Observation, error) {
+	s, err := parseVMSpec(id, spec)
+	if err != nil {
+		return resources.Observation{}, err
+	}
+	info, err := call(ctx, r.hv.conns, r.hv.uri, func(conn *lv.Connect) (domainInfo, error) { return inspectDomain(conn, s.vm.Name) })
+	if err != nil {
+		return resources.Observation{}, r.hv.wrap(err)
+	}
+	return s.observe(info), nil
+}
+
+func (r *VMReconciler) Reconcile(ctx context.Context, id string, spec resources.Spec) (resources.Observation, error) {
+	s, err := parseVMSpec(id, spec)
+	if err != nil {
+		return resources.Observation{}, err
+	}
+	info, err := call(ctx, r.hv.conns, r.hv.uri, func(conn *lv.Connect) (domainInfo, error) {
+		return ensureVM(conn, s.vm, s.state, s.autostart)
+	})
+	if err != nil {
+		return resources.Observation{}, r.hv.wrap(err)
+	}
+	o := s.observe(info)
+	if !o.InSync && s.state == StateShutoff && info.status.Active() {
+		o.Drift += " (an ACPI shutdown was requested; a guest that ignores it stays running)"
+	}
+	return o, nil
+}
+
+func (r *VMReconciler) Delete(ctx context.Context, id string, spec resources.Spec) error {
+	s, err := parseVMSpec(id, spec)
+	if err != nil {
+		return err
+	}
+	return r.hv.DeleteVM(ctx, s.vm.Name)
+}
+
+// observe compares what libvirt reports with the spec.
+func (s vmSpec) observe(info domainInfo) resources.Observation {
+	st := info.status
+	if !st.Defined {
+		return resources.Observation{Drift: "domain not defined", Details: map[string]string{"name": s.vm.Name}}
+	}
+	d := map[string]string{
+		"name":       st.Name,
+		"uuid":       st.UUID,
+		"state":      st.State,
+		"autostart":  strconv.FormatBool(st.Autostart),
+		"persistent": strconv.FormatBool(st.Persistent),
+		"vcpus":      strconv.Itoa(info.saved.VCPUs),
+		"memory":     mib(info.saved.MemoryKiB),
+	}
+	var macs, ifaces []string
+	for _, n := range st.NICs {
+		macs = append(macs, n.MAC)
+		if n.Target != "" {
+			ifaces = append(ifaces, n.Target+" link "+n.Link)
+		}
+	}
+	if len(macs) > 0 {
+		d["macs"] = strings.Join(macs, ",")
+	}
+	if len(ifaces) > 0 {
+		d["interfaces"] = strings.Join(ifaces, ",")
+	}
+	want := definitionOf(s.vm.domain())
+	var drift []string
+	if !st.Persistent {
+		drift = append(drift, "domain is transient (no persistent definition)")
+	}
+	if diff := want.diff(info.saved); len(diff) > 0 {
+		drift = append(drift, "definition differs: "+strings.Join(diff, "; "))
+	} else if info.live != nil {
+		if diff := want.diff(*info.live); len(diff) > 0 {
+			// Defined as asked; the running instance predates it.
+			d["pending_restart"] = strings.Join(diff, "; ")
+		}
+	}
+	switch {
+	case s.state == StateRunning && st.State == StateShutoff:
+		drift = append(drift, "domain not running (shutoff)")
+	case s.state == StateRunning && st.State != StateRunning && st.State != "blocked":
+		drift = append(drift, "domain "+st.State+", want running")
+	case s.state == StateShutoff && st.State != StateShutoff:
+		drift = append(drift, "domain "+st.State+", want shutoff")
+	}
+	switch {
+	case s.autostart && !st.Autostart:
+		drift = append(drift, "autostart off")
+	case !s.autostart && st.Autostart:
+		drift = append(drift, "autostart on")
+	}
+	return resources.Observation{InSync: len(drift) == 0, Drift: strings.Join(drift, "; "), Details: d}
+}
+
+// NetworkReconciler is the network kind: a libvirt virtual network defined
+// from the spec, kept active, with autostart as asked (on by default).
+//
+// A resource's libvirt name is its spec's name, or its resource id. A
+// changed definition of an active network is applied by restarting the
+// network: guests attached to it lose connectivity meanwhile. Delete
+// stops and undefines it. Safe for concurrent use; every method is
+// idempotent, and Validate never connects.
+type NetworkReconciler struct{ hv *Hypervisor }
+
+// NewNetworkReconciler returns the network kind on hv.
+func NewNetworkReconciler(hv *Hypervisor) *NetworkReconciler { return &NetworkReconciler{hv: hv} }
+
+type netSpec struct {
+	net       *Network
+	autostart bool
+}
+
+func (*NetworkReconciler) Kind() string { return KindNetwork }
+
+// Close closes the libvirt connections of its Hypervisor; idempotent.
+func (r *NetworkReconciler) Close() error { return r.hv.Close() }
+
+func (r *NetworkReconciler) Validate(spec resources.Spec) error {
+	_, err := parseNetSpec("validate", spec)
+	return err
+}
+
+func parseNetSpec(id string, spec resources.Spec) (netSpec, error) {
+	f := newFields(KindNetwork, spec)
+	name := f.str("name")
+	if name == "" {
+		name = id
+	}
+	n := NewNetwork(name)
+	n.Bridge = f.str("bridge")
+	n.Forward = f.oneOf("forward", ForwardNAT, forwardModes)
+	if ip := f.str("ip"); ip != "" {
+		p, err := netip.ParsePrefix(ip)
+		if err != nil {
+			f.fail("ip", "must be the host's address with a prefix length, such as 192.168.100.1/24 (got "+ip+")")
+		}
+		n.IP = p
+	}
+	if d := f.object("dhcp"); d != nil {
+		var r DHCPRange
+		for _, e := range []struct {
+			field string
+			addr  *netip.Addr
+		}{{"start", &r.Start}, {"end", &r.End}} {
+			s := d.str(e.field)
+			a, err := netip.ParseAddr(s)
+			switch {
+			case s == "":
+				d.fail(e.field, "required: an address inside ip's subnet")
+			case err != nil:
+				d.fail(e.field, "must be an IP address (got "+s+")")
+			}
+			*e.addr = a
+		}
+		if err := d.done(); err != nil {
+			return netSpec{}, err
+		}
+		n.DHCP = &r
+	}
+	s := netSpec{net: n, autostart: f.boolean("autostart", true)}
+	if err := f.done(); err != nil {
+		return netSpec{}, err
+	}
+	if err := n.Validate(); err != nil {
+		return netSpec{}, err
+	}
+	return s, nil
+}
+
+func (r *NetworkReconciler) Observe(ctx context.Context, id string, spec resources.Spec) (resources.Observation, error) {
+	s, err := parseNetSpec(id, spec)
+	if err != nil {
+		return resources.Observation{}, err
+	}
+	info, err := call(ctx, r.hv.conns, r.hv.uri, func(conn *lv.Connect) (networkInfo, error) { return inspectNetwork(conn, s.net.Name) })
+	if err != nil {
+		return resources.Observation{}, r.hv.wrap(err)
+	}
+	return s.observe(info), nil
+}
+
+func (r *NetworkReconciler) Reconcile(ctx context.Context, id string, spec resources.Spec) (resources.Observation, error) {
+	s, err := parseNetSpec(id, spec)
+	if err != nil {
+		return resources.Observation{}, err
+	}
+	info, err := call(ctx, r.hv.conns, r.hv.uri, func(conn *lv.Connect) (networkInfo, error) {
+		return ensureNetwork(conn, s.net, s.autostart)
+	})
+	if err != nil {
+		return resources.Observation{}, r.hv.wrap(err)
+	}
+	return s.observe(info), nil
+}
+
+func (r *NetworkReconciler) Delete(ctx context.Context, id string, spec resources.Spec) error {
+	s, err := parseNetSpec(id, spec)
+	if err != nil {
+		return err
+	}
+	return r.hv.DeleteNetwork(ctx, s.net.Name)
+}
+
+func (s netSpec) observe(info networkInfo) resources.Observation {
+	st := info.status
+	if !st.Defined {
+		return resources.Observation{Drift: "network not defined", Details: map[string]string{"name": s.net.Name}}
+	}
+	d := map[string]string{
+		"name":       st.Name,
+		"uuid":       st.UUID,
+		"bridge":     st.Bridge,
+		"active":     strconv.FormatBool(st.Active),
+		"autostart":  strconv.FormatBool(st.Autostart),
+		"persistent": strconv.FormatBool(st.Persistent),
+		"forward":    info.saved.Forward,
+	}
+	if info.saved.IP != "" {
+		d["ip"] = info.saved.IP
+	}
+	var drift []string
+	if !st.Persistent {
+		drift = append(drift, "network is transient (no persistent definition)")
+	}
+	if diff := netDefinitionOf(s.net.network()).diff(info.saved); len(diff) > 0 {
+		drift = append(drift, "definition differs: "+strings.Join(diff, "; "))
+	}
+	if !st.Active {
+		drift = append(drift, "network not active")
+	}
+	switch {
+	case s.autostart && !st.Autostart:
+		drift = append(drift, "autostart off")
+	case !s.autostart && st.Autostart:
+		drift = append(drift, "autostart on")
+	}
+	return resources.Observation{InSync: len(drift) == 0, Drift: strings.Join(drift, "; "), Details: d}
+}
