@@ -17,6 +17,8 @@ import (
 
 	"understudy/actors/agent"
 	"understudy/actors/resources"
+	"understudy/actors/resources/libvirt"
+	"understudy/actors/resources/libvirt/rules"
 	"understudy/events"
 )
 
@@ -28,6 +30,12 @@ type AgentConfig struct {
 	ObserveInterval time.Duration
 	// AllowShellJobs lets shell-job resources run (otherwise: Refused).
 	AllowShellJobs bool
+	// LibvirtURI is where the vm and network kinds connect (validated at
+	// load); rules.DefaultURI (qemu:///system) when empty.
+	LibvirtURI string
+	// Podman is how the container kind runs podman (node file:
+	// agent.container).
+	Podman resources.PodmanConfig
 	// RetryBase and RetryMax bound the per-resource retry backoff.
 	RetryBase, RetryMax time.Duration
 	// PresenceInterval is how often presence.<agent> is written.
@@ -86,6 +94,16 @@ func AgentRegistry(cfg AgentConfig, proc *resources.Process) resources.Registry 
 	reg.Register(resources.File{})
 	reg.Register(proc)
 	reg.Register(&resources.ShellJob{Allowed: cfg.AllowShellJobs})
+	// One lazily opened connection for both libvirt kinds; Close (agent
+	// stop) closes it. Validation alone never connects.
+	uri := cfg.LibvirtURI
+	if uri == "" {
+		uri = rules.DefaultURI
+	}
+	hv := libvirt.NewConns(nil).Hypervisor(uri)
+	reg.Register(libvirt.NewVMReconciler(hv))
+	reg.Register(libvirt.NewNetworkReconciler(hv))
+	reg.Register(resources.NewContainer(cfg.Podman))
 	return reg
 }
 
@@ -255,6 +273,11 @@ func (a *agentActor) stopped() {
 	}
 	a.cancel()
 	a.proc.StopAll()
+	for _, rec := range a.reg {
+		if c, ok := rec.(interface{ Close() error }); ok {
+			_ = c.Close() // the libvirt connections
+		}
+	}
 	for _, ap := range a.apps {
 		ap.stop()
 	}

@@ -3,6 +3,8 @@ package runtime
 import (
 	"understudy/actors"
 	"understudy/actors/agent"
+	"understudy/actors/resources"
+	"understudy/actors/resources/libvirt/rules"
 
 	"crypto/tls"
 	"crypto/x509"
@@ -10,11 +12,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -214,6 +218,23 @@ type AgentSection struct {
 	ID              string `yaml:"id"`               // default: node
 	ObserveInterval string `yaml:"observe_interval"` // default 30s
 	AllowShellJobs  bool   `yaml:"allow_shell_jobs"` // default false
+	LibvirtURI      string `yaml:"libvirt_uri"`      // default qemu:///system
+	// Container configures podman for the container kind (podman's own
+	// defaults when absent).
+	Container *ContainerSection `yaml:"container"`
+}
+
+// ContainerSection is the node file's agent.container: how the agent runs
+// podman. On machines without CAP_SYS_RESOURCE and with hybrid cgroups,
+// podman's default runtime cannot start containers; runtime: runc with
+// ulimits [nofile=1024:1024, nproc=1024:1024] can (docs/agents.md).
+type ContainerSection struct {
+	Podman     string            `yaml:"podman"`      // the binary; default podman in PATH
+	GlobalArgs []string          `yaml:"global_args"` // before every subcommand (--root, --storage-driver, ...)
+	Runtime    string            `yaml:"runtime"`     // OCI runtime: runc, crun or a path
+	Cgroups    string            `yaml:"cgroups"`     // podman run --cgroups
+	Ulimits    []string          `yaml:"ulimits"`     // podman run --ulimit, every container
+	Env        map[string]string `yaml:"env"`         // added to podman's environment
 }
 
 // Validate checks every value and returns all the broken rules at once, as
@@ -336,7 +357,13 @@ func (c Config) resolve() (settings, error) {
 	}
 
 	if a := c.Agent; a != nil {
-		ac := AgentConfig{ID: a.ID, AllowShellJobs: a.AllowShellJobs}
+		ac := AgentConfig{ID: a.ID, AllowShellJobs: a.AllowShellJobs, LibvirtURI: rules.DefaultURI}
+		if a.LibvirtURI != "" {
+			if rule := rules.URI(a.LibvirtURI); rule != "" {
+				bad("agent.libvirt_uri", rule, a.LibvirtURI)
+			}
+			ac.LibvirtURI = a.LibvirtURI
+		}
 		if ac.ID == "" {
 			ac.ID = c.Node
 		}
@@ -349,6 +376,21 @@ func (c Config) resolve() (settings, error) {
 				bad("agent.observe_interval", "must be a duration from 100ms to 24h", a.ObserveInterval)
 			}
 			ac.ObserveInterval = d
+		}
+		if cs := a.Container; cs != nil {
+			pc := resources.PodmanConfig{Binary: cs.Podman, GlobalArgs: cs.GlobalArgs, Runtime: cs.Runtime, Cgroups: cs.Cgroups, Ulimits: cs.Ulimits}
+			for _, k := range slices.Sorted(maps.Keys(cs.Env)) {
+				pc.Env = append(pc.Env, k+"="+cs.Env[k])
+			}
+			if err := pc.Validate(); err != nil {
+				var ce *ConfigError
+				if errors.As(err, &ce) {
+					bad("agent.container."+ce.Field, ce.Rule, ce.Value)
+				} else {
+					bad("agent.container", err.Error(), "")
+				}
+			}
+			ac.Podman = pc
 		}
 		s.agent = &ac
 	}

@@ -8,6 +8,13 @@ need=()
 # chromium: the replay HTML timeline is checked in a real headless browser
 # (cmd/understudy replay tests); the test fails, never skips, without it.
 need+=(chromium)
+# libvirt0: the vm/network kinds and the libvirt fence drivers are tested
+# against libvirt's built-in test:///default driver (dlopen'ed at run time).
+need+=(libvirt0)
+# podman, runc, busybox-static: the container kind runs real containers from
+# an image imported from a busybox-static rootfs (no registry needed); runc
+# because crun cannot run on hybrid-cgroup machines (docs/agents.md).
+need+=(podman runc busybox-static)
 
 missing=()
 for pkg in "${need[@]:-}"; do

@@ -1,0 +1,184 @@
+package runtime
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	lv "libvirt.org/go/libvirt"
+
+	"understudy/actors/agent"
+	"understudy/actors/procedure"
+	"understudy/actors/resources"
+	"understudy/actors/resources/libvirt/rules"
+)
+
+func TestAgentLibvirtURIConfig(t *testing.T) {
+	dir := t.TempDir()
+	s, err := loadNode(t, dir, "node: n1\nagent: {}\n").resolve()
+	if err != nil || s.agent.LibvirtURI != "qemu:///system" {
+		t.Fatalf("default: %+v %v", s.agent, err)
+	}
+	s, err = loadNode(t, dir, "node: n1\nagent: {libvirt_uri: \"qemu+ssh://root@kvm1/system?keyfile=/etc/understudy/id\"}\n").resolve()
+	if err != nil || s.agent.LibvirtURI != "qemu+ssh://root@kvm1/system?keyfile=/etc/understudy/id" {
+		t.Fatalf("remote: %+v %v", s.agent, err)
+	}
+	for uri, rule := range map[string]string{
+		"qemu+ssh:///system":      "the ssh transport needs a host",
+		"qemu:///systen":          "must end in /system or /session",
+		"lxc:///":                 "must use the driver qemu",
+		"qemu+ssh://u:p@h/system": "must not carry a password",
+	} {
+		err := loadNode(t, dir, "node: n1\nagent: {libvirt_uri: \""+uri+"\"}\n").Validate()
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Field != "agent.libvirt_uri" || !strings.Contains(ce.Rule, rule) || ce.Value != uri {
+			t.Errorf("%s: %v; want agent.libvirt_uri: ...%s", uri, err, rule)
+		}
+	}
+}
+
+func TestNodeFileLibvirtFenceSteps(t *testing.T) {
+	pair := "node: site-a\npairs:\n  - pair: pg-main\n    primary: site-a\n    replica: site-b\n    fence_grace: 5s\n    failover_timeout: 10s\n    procedures:\n      fence:\n        steps:\n" +
+		"          - {name: stop, driver: exec, timeout: 1s, exec: {command: pg_ctl}}\n"
+	ok := pair + "          - {name: off, driver: libvirt-destroy, timeout: 3s, libvirt: {uri: \"qemu+ssh://root@kvm1/system\", domain: pg-a}}\n" +
+		"          - {name: cut, driver: libvirt-link-down, timeout: 1s, libvirt: {domain: pg-a, mac: \"52:54:00:12:34:56\"}}\n"
+	s, err := loadNode(t, t.TempDir(), ok).resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := s.members[0].Procedures.Fence.Steps
+	if len(steps) != 3 || steps[1].Libvirt.Domain != "pg-a" || steps[2].Libvirt.MAC != "52:54:00:12:34:56" {
+		t.Fatalf("%+v", steps)
+	}
+	err = loadNode(t, t.TempDir(), pair+"          - {name: off, driver: libvirt-destroy, timeout: 3s, libvirt: {uri: \"qemu+ssh:///system\", domain: pg-a}}\n").Validate()
+	var ce *ConfigError
+	if !errors.As(err, &ce) || ce.Field != "pairs[0].procedures.fence.steps[1].libvirt.uri" || !strings.Contains(ce.Rule, "needs a host") {
+		t.Fatalf("%v", err)
+	}
+	// Every node runs them.
+	for _, name := range []string{"exec", procedure.DriverLibvirtDestroy, procedure.DriverLibvirtLinkDown} {
+		if DefaultDrivers()[name] == nil {
+			t.Errorf("DefaultDrivers has no %s", name)
+		}
+	}
+}
+
+func TestAgentRegistryValidatesLibvirtKindsWithoutConnecting(t *testing.T) {
+	// A URI nobody answers: validation must not try it.
+	reg := AgentRegistry(AgentConfig{LibvirtURI: "qemu+ssh://nowhere.invalid/system"}, resources.NewProcess())
+	for _, k := range []string{"vm", "network"} {
+		if _, err := reg.Get(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := agent.Manifest{Agent: "n1", Resources: []agent.Resource{
+		res("lab", "network", map[string]any{"ip": "10.5.0.1/24"}),
+		res("web", "vm", map[string]any{"memory": "1GiB", "disks": []any{map[string]any{"path": "/w.img"}}, "nics": []any{map[string]any{"network": "lab", "mac": "52:54:00:zz:00:00"}}}),
+	}}
+	err := m.Validate(reg, true)
+	if err == nil || !strings.Contains(err.Error(), "resources[1].spec: vm spec: nics[0].mac: must be a MAC address") {
+		t.Fatalf("%v", err)
+	}
+}
+
+// TestAgentConvergesLibvirtKinds runs the vm and network kinds in a real
+// agent against libvirt's test driver: converge, repair a domain destroyed
+// behind the agent's back, delete, and close the connection at stop.
+func TestAgentConvergesLibvirtKinds(t *testing.T) {
+	behind, err := lv.NewConnect(rules.TestURI)
+	if err != nil {
+		t.Fatalf("cannot open %s: run scripts/install-test-deps.sh (it installs libvirt0): %v", rules.TestURI, err)
+	}
+	defer func() { _, _ = behind.Close() }()
+	w := startAgentWorld(t, AgentConfig{ID: "lv1", LibvirtURI: rules.TestURI, ObserveInterval: 100 * time.Millisecond,
+		RetryBase: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond})
+	lab := res("lab", "network", map[string]any{"bridge": "virbr42", "ip": "10.42.0.1/24",
+		"dhcp": map[string]any{"start": "10.42.0.10", "end": "10.42.0.99"}})
+	web := res("web", "vm", map[string]any{"domain_type": "test", "vcpus": 2, "memory": "1GiB",
+		"disks": []any{map[string]any{"path": "/var/lib/libvirt/images/web.qcow2"}},
+		"nics":  []any{map[string]any{"network": "lab", "mac": "52:54:00:42:00:01"}}})
+	m := w.apply(agent.Manifest{Resources: []agent.Resource{lab, web}})
+	ready := func(s agent.Status, id string) bool {
+		r, ok := s.Resources[id]
+		return ok && r.Phase == agent.Ready && r.Generation == s.ManifestGeneration
+	}
+	s := w.waitStatus("converged", func(s agent.Status) bool {
+		return s.ManifestGeneration == m.Generation && ready(s, "lab") && ready(s, "web")
+	})
+	if d := s.Resources["web"].Details; d["state"] != "running" || d["macs"] != "52:54:00:42:00:01" {
+		t.Fatalf("web details %v", d)
+	}
+	if d := s.Resources["lab"].Details; d["active"] != "true" || d["bridge"] != "virbr42" {
+		t.Fatalf("lab details %v", d)
+	}
+
+	// Destroyed behind the agent's back: the periodic observation finds it
+	// and the agent starts it again.
+	dom, err := behind.LookupDomainByName("web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dom.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if st, _, err := dom.GetState(); err == nil && st == lv.DOMAIN_RUNNING {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the agent did not start the destroyed domain again")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	dom.Free()
+
+	// Removed from the manifest: destroyed and undefined.
+	m = w.apply(agent.Manifest{Resources: []agent.Resource{lab}})
+	w.waitStatus("web deleted", func(s agent.Status) bool {
+		_, has := s.Resources["web"]
+		return s.ManifestGeneration == m.Generation && !has && ready(s, "lab")
+	})
+	if _, err := behind.LookupDomainByName("web"); err == nil {
+		t.Fatal("web is still defined")
+	}
+
+	// The agent closes its connection when it stops: with ours closed too,
+	// test:///default starts afresh.
+	w.a.Stop()
+	if _, err := behind.Close(); err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := lv.NewConnect(rules.TestURI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = fresh.Close() }()
+	if n, err := fresh.LookupNetworkByName("lab"); err == nil {
+		n.Free()
+		t.Fatal("network lab outlived every connection: the agent kept its libvirt connection open after Stop")
+	}
+}
+
+func TestAgentContainerConfig(t *testing.T) {
+	dir := t.TempDir()
+	s, err := loadNode(t, dir, "node: n1\nagent:\n  container:\n    runtime: runc\n    ulimits: [nofile=1024:1024, nproc=1024:1024]\n    env: {CONTAINERS_CONF: /etc/understudy/containers.conf, A: b}\n").resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := s.agent.Podman
+	if p.Runtime != "runc" || len(p.Ulimits) != 2 || strings.Join(p.Env, " ") != "A=b CONTAINERS_CONF=/etc/understudy/containers.conf" {
+		t.Errorf("podman config %+v", p)
+	}
+	for yaml, want := range map[string]string{
+		"cgroups: off":         "config: agent.container.cgroups = off: must be one of",
+		"ulimits: [host, x]":   "config: agent.container.ulimits[1] = x: must be a podman ulimit",
+		"env: {\"\": nothing}": "agent.container.env = =nothing: must be NAME=value",
+	} {
+		err := loadNode(t, dir, "node: n1\nagent:\n  container: {"+yaml+"}\n").Validate()
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", yaml, err, want)
+		}
+	}
+}
