@@ -23,8 +23,16 @@ for pkg in "${need[@]:-}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # One retry: an install can fail on a transient fetch or a temporary
+  # directory removed under it; a second failure is real and stops here.
+  for attempt in 1 2; do
+    if $sudo apt-get update -qq &&
+      DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"; then
+      break
+    fi
+    [ "$attempt" -eq 2 ] && { echo "install-test-deps: could not install: ${missing[*]}" >&2; exit 1; }
+    sleep 5
+  done
 fi
 # Go modules (including the pinned staticcheck tool) come from go.mod.
 go mod download
