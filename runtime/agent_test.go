@@ -13,9 +13,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	lv "libvirt.org/go/libvirt"
 
 	"understudy/actors/agent"
 	"understudy/actors/resources"
+	"understudy/actors/resources/libvirt/rules"
 	"understudy/events"
 )
 
@@ -82,12 +84,29 @@ func res(id, kind string, spec map[string]any) agent.Resource {
 	return agent.Resource{ID: id, Kind: kind, Spec: spec}
 }
 
+// The node agent end to end, on embedded NATS and libvirt's test driver: a
+// manifest with a network, a VM, a file, a process with an init step, an
+// unknown kind and a refused shell job converges; drift made behind the
+// agent's back (file rewritten, process killed, VM destroyed) is repaired;
+// a changed manifest is applied and what left it is deleted.
 func TestAgentConvergesRepairsDriftAndAppliesChanges(t *testing.T) {
-	w := startAgentWorld(t, AgentConfig{ID: "n1", ObserveInterval: 100 * time.Millisecond, RetryBase: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond})
+	// A connection of our own to test:///default: the agent's shares its
+	// state (one process), so the test can act behind the agent's back.
+	behind, err := lv.NewConnect(rules.TestURI)
+	if err != nil {
+		t.Fatalf("cannot open %s: run scripts/install-test-deps.sh (it installs libvirt0): %v", rules.TestURI, err)
+	}
+	defer func() { _, _ = behind.Close() }()
+	w := startAgentWorld(t, AgentConfig{ID: "n1", LibvirtURI: rules.TestURI, ObserveInterval: 100 * time.Millisecond, RetryBase: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond})
 	dir := t.TempDir()
 	motd := filepath.Join(dir, "motd")
 	marker := filepath.Join(dir, "prepared")
 	m := w.apply(agent.Manifest{Resources: []agent.Resource{
+		res("e2e-net", "network", map[string]any{"bridge": "virbr43", "ip": "10.43.0.1/24",
+			"dhcp": map[string]any{"start": "10.43.0.10", "end": "10.43.0.99"}}),
+		res("e2e-vm", "vm", map[string]any{"domain_type": "test", "vcpus": 2, "memory": "512MiB",
+			"disks": []any{map[string]any{"path": "/var/lib/libvirt/images/e2e.qcow2"}},
+			"nics":  []any{map[string]any{"network": "e2e-net", "mac": "52:54:00:43:00:01"}}, "boot": []any{"hd"}}),
 		res("motd", "file", map[string]any{"path": motd, "mode": "0640", "content": "hello\n"}),
 		res("svc", "process", map[string]any{"command": "sleep", "args": []any{"60"},
 			"init": []any{map[string]any{"name": "prepare", "command": "touch", "args": []any{marker}}}}),
@@ -99,9 +118,15 @@ func TestAgentConvergesRepairsDriftAndAppliesChanges(t *testing.T) {
 		return ok && r.Phase == agent.Ready && r.Generation == s.ManifestGeneration
 	}
 	s := w.waitStatus("converged (but for the unknown kind and the refused job)", func(s agent.Status) bool {
-		return s.ManifestGeneration == m.Generation && ready(s, "motd") && ready(s, "svc") &&
+		return s.ManifestGeneration == m.Generation && ready(s, "motd") && ready(s, "svc") && ready(s, "e2e-net") && ready(s, "e2e-vm") &&
 			s.Resources["gizmo"].Phase == agent.UnknownResource && s.Resources["job"].Phase == agent.Refused
 	})
+	if d := s.Resources["e2e-vm"].Details; d["state"] != "running" || d["macs"] != "52:54:00:43:00:01" || d["vcpus"] != "2" {
+		t.Errorf("vm details %v", d)
+	}
+	if d := s.Resources["e2e-net"].Details; d["active"] != "true" || d["bridge"] != "virbr43" {
+		t.Errorf("network details %v", d)
+	}
 	if s.Converged() || !s.Settled() || s.ObservedGeneration != m.Generation {
 		t.Errorf("converged %v settled %v observed %d (manifest %d)", s.Converged(), s.Settled(), s.ObservedGeneration, m.Generation)
 	}
@@ -134,21 +159,44 @@ func TestAgentConvergesRepairsDriftAndAppliesChanges(t *testing.T) {
 	if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	dom, err := behind.LookupDomainByName("e2e-vm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dom.Free()
+	if err := dom.Destroy(); err != nil {
+		t.Fatal(err)
+	}
 	w.waitStatus("repaired", func(s agent.Status) bool {
 		b, _ := os.ReadFile(motd)
-		return string(b) == "hello\n" && ready(s, "svc") && s.Resources["svc"].Details["pid"] != svc["pid"]
+		st, _, err := dom.GetState()
+		return string(b) == "hello\n" && ready(s, "svc") && s.Resources["svc"].Details["pid"] != svc["pid"] &&
+			err == nil && st == lv.DOMAIN_RUNNING && ready(s, "e2e-vm")
 	})
 
-	// A new manifest: the file is gone from it (deleted from disk), the
-	// process's env changed (restarted), the rest stays.
+	// A new manifest: the file and the VM are gone from it (deleted from
+	// disk and from libvirt), the process's env changed (restarted), the
+	// network stays as it is.
 	m2 := w.apply(agent.Manifest{Resources: []agent.Resource{
+		m.Resources[0],
 		res("svc", "process", map[string]any{"command": "sleep", "args": []any{"60"}, "env": map[string]any{"MODE": "b"}}),
 	}})
 	s = w.waitStatus("converged on generation 2", func(s agent.Status) bool {
-		return s.ManifestGeneration == m2.Generation && len(s.Resources) == 1 && ready(s, "svc") && s.Converged()
+		return s.ManifestGeneration == m2.Generation && len(s.Resources) == 2 && ready(s, "svc") && ready(s, "e2e-net") && s.Converged()
 	})
 	if _, err := os.Stat(motd); !os.IsNotExist(err) {
 		t.Errorf("motd left the manifest but is still on disk: %v", err)
+	}
+	if d, err := behind.LookupDomainByName("e2e-vm"); err == nil {
+		d.Free()
+		t.Errorf("e2e-vm left the manifest but is still defined")
+	}
+	if n, err := behind.LookupNetworkByName("e2e-net"); err != nil {
+		t.Errorf("e2e-net stayed in the manifest but is gone: %v", err)
+	} else if active, _ := n.IsActive(); !active {
+		t.Errorf("e2e-net stayed in the manifest but is no longer active")
+	} else {
+		n.Free()
 	}
 	if s.ObservedGeneration != m2.Generation {
 		t.Errorf("observed generation %d, want %d", s.ObservedGeneration, m2.Generation)
