@@ -11,8 +11,10 @@ BENCHTIME ?= 1s
 
 all: build
 
+# Two binaries: understudy, and understudy-libvirt beside it — the process
+# that runs understudy's libvirt calls (the only one linking libvirt).
 build:
-	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/understudy
+	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o bin/ ./cmd/understudy ./cmd/understudy-libvirt
 
 # The main job on the embedded default NATS, nothing to set up: a failover
 # pair whose primary loses power; the replica takes over.

@@ -33,6 +33,11 @@ type AgentConfig struct {
 	// LibvirtURI is where the vm and network kinds connect (validated at
 	// load); rules.DefaultURI (qemu:///system) when empty.
 	LibvirtURI string
+	// LibvirtDriver is the understudy-libvirt process those kinds' calls
+	// run in (node file: agent.libvirt_driver): the zero value finds it
+	// next to this executable, else in PATH. The agent starts it on the
+	// kinds' first call and stops it when it stops.
+	LibvirtDriver libvirt.DriverConfig
 	// Podman is how the container kind runs podman (node file:
 	// agent.container).
 	Podman resources.PodmanConfig
@@ -88,23 +93,32 @@ type CommandError struct {
 	Verbs []string `json:"verbs"`
 }
 
-// AgentRegistry returns the reconcilers an agent runs.
+// AgentRegistry returns the reconcilers an agent runs, for validating
+// manifests: its libvirt kinds never start their process (validation
+// never does), so nothing needs closing.
 func AgentRegistry(cfg AgentConfig, proc *resources.Process) resources.Registry {
+	reg, _ := agentRegistry(cfg, proc, nil)
+	return reg
+}
+
+// agentRegistry returns the reconcilers and the understudy-libvirt
+// process the libvirt kinds share: started on their first call (one
+// connection for both, kept in that process), closed by the agent's stop.
+func agentRegistry(cfg AgentConfig, proc *resources.Process, logger *slog.Logger) (resources.Registry, *libvirt.DriverProcess) {
 	reg := resources.Registry{}
 	reg.Register(resources.File{})
 	reg.Register(proc)
 	reg.Register(&resources.ShellJob{Allowed: cfg.AllowShellJobs})
-	// One lazily opened connection for both libvirt kinds; Close (agent
-	// stop) closes it. Validation alone never connects.
 	uri := cfg.LibvirtURI
 	if uri == "" {
 		uri = rules.DefaultURI
 	}
-	hv := libvirt.NewConns(nil).Hypervisor(uri)
+	lv := libvirt.NewDriverProcess(cfg.LibvirtDriver, logger)
+	hv := lv.Hypervisor(uri)
 	reg.Register(libvirt.NewVMReconciler(hv))
 	reg.Register(libvirt.NewNetworkReconciler(hv))
 	reg.Register(resources.NewContainer(cfg.Podman))
-	return reg
+	return reg, lv
 }
 
 // StartAgent starts a node agent on nc. The fleet bucket and the events
@@ -132,8 +146,9 @@ func StartAgent(ctx context.Context, nc *nats.Conn, fleetBucket, stream string, 
 		return nil, err
 	}
 	proc := resources.NewProcess()
+	reg, lv := agentRegistry(cfg, proc, logger)
 	a := &Agent{engine: engine, done: make(chan struct{})}
-	aa := &agentActor{cfg: cfg, nc: nc, kv: kv, log: evlog, logger: logger, reg: AgentRegistry(cfg, proc), proc: proc,
+	aa := &agentActor{cfg: cfg, nc: nc, kv: kv, log: evlog, logger: logger, reg: reg, libvirt: lv, proc: proc,
 		children: map[string]*actor.PID{}, keys: map[string]string{}, done: a.done,
 		status: agent.Status{Agent: cfg.ID, Resources: map[string]agent.ResourceStatus{}, Conditions: []agent.Condition{}, Version: Version}}
 	a.pid = engine.Spawn(func() actor.Receiver { return aa }, "agent", actor.WithID(cfg.ID))
@@ -171,6 +186,7 @@ type agentActor struct {
 	logger   *slog.Logger
 	reg      resources.Registry
 	proc     *resources.Process
+	libvirt  *libvirt.DriverProcess // the libvirt kinds' understudy-libvirt
 	started  time.Time
 	ctx      context.Context
 	cancel   context.CancelFunc
@@ -273,11 +289,7 @@ func (a *agentActor) stopped() {
 	}
 	a.cancel()
 	a.proc.StopAll()
-	for _, rec := range a.reg {
-		if c, ok := rec.(interface{ Close() error }); ok {
-			_ = c.Close() // the libvirt connections
-		}
-	}
+	_ = a.libvirt.Close() // and with it the libvirt connections
 	for _, ap := range a.apps {
 		ap.stop()
 	}

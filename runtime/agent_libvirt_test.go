@@ -1,16 +1,18 @@
 package runtime
 
 import (
+	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	lv "libvirt.org/go/libvirt"
-
 	"understudy/actors/agent"
 	"understudy/actors/procedure"
 	"understudy/actors/resources"
+	"understudy/actors/resources/libvirt"
 	"understudy/actors/resources/libvirt/rules"
 )
 
@@ -58,15 +60,50 @@ func TestNodeFileLibvirtFenceSteps(t *testing.T) {
 	}
 	// Every node runs them.
 	for _, name := range []string{"exec", procedure.DriverLibvirtDestroy, procedure.DriverLibvirtLinkDown} {
-		if DefaultDrivers()[name] == nil {
+		if DefaultDrivers(libvirt.NewDriverProcess(libvirt.DriverConfig{}, nil))[name] == nil {
 			t.Errorf("DefaultDrivers has no %s", name)
 		}
 	}
 }
 
+func TestAgentLibvirtDriverConfig(t *testing.T) {
+	dir := t.TempDir()
+	exe := writeFile(t, dir, "understudy-libvirt", "#!/bin/sh\n")
+	if err := os.Chmod(exe, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	plain := writeFile(t, dir, "not-executable", "")
+	s, err := loadNode(t, dir, "node: n1\nagent: {libvirt_driver: "+exe+"}\n").resolve()
+	if err != nil || s.agent.LibvirtDriver.Path != exe || s.libvirtDriver.Path != exe {
+		t.Fatalf("%+v %+v %v", s.agent, s.libvirtDriver, err)
+	}
+	if s, err := loadNode(t, dir, "node: n1\nagent: {}\n").resolve(); err != nil || s.agent.LibvirtDriver != (libvirt.DriverConfig{}) {
+		t.Fatalf("default (looked up at start): %+v %v", s.agent, err)
+	}
+	for path, rule := range map[string]string{
+		"bin/understudy-libvirt":      "must be an absolute path",
+		filepath.Join(dir, "missing"): "no such file or directory",
+		dir:                           "not a directory or a device",
+		plain:                         "must be executable",
+	} {
+		err := loadNode(t, dir, "node: n1\nagent: {libvirt_driver: \""+path+"\"}\n").Validate()
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Field != "agent.libvirt_driver" || !strings.Contains(ce.Rule, rule) || ce.Value != path {
+			t.Errorf("%s: %v; want agent.libvirt_driver: ...%s", path, err, rule)
+		}
+	}
+}
+
 func TestAgentRegistryValidatesLibvirtKindsWithoutConnecting(t *testing.T) {
-	// A URI nobody answers: validation must not try it.
-	reg := AgentRegistry(AgentConfig{LibvirtURI: "qemu+ssh://nowhere.invalid/system"}, resources.NewProcess())
+	// A URI nobody answers, and a driver that leaves a mark when started:
+	// validation must try neither.
+	dir := t.TempDir()
+	marker := filepath.Join(dir, "started")
+	driver := writeFile(t, dir, "understudy-libvirt", "#!/bin/sh\ntouch "+marker+"\n")
+	if err := os.Chmod(driver, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	reg := AgentRegistry(AgentConfig{LibvirtURI: "qemu+ssh://nowhere.invalid/system", LibvirtDriver: libvirt.DriverConfig{Path: driver}}, resources.NewProcess())
 	for _, k := range []string{"vm", "network"} {
 		if _, err := reg.Get(k); err != nil {
 			t.Fatal(err)
@@ -80,19 +117,29 @@ func TestAgentRegistryValidatesLibvirtKindsWithoutConnecting(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "resources[1].spec: vm spec: nics[0].mac: must be a MAC address") {
 		t.Fatalf("%v", err)
 	}
+	m.Resources[1].Spec["nics"] = []any{map[string]any{"network": "lab"}}
+	if err := m.Validate(reg, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(marker); !os.IsNotExist(err) {
+		t.Fatalf("validation started the libvirt driver process (%v)", err)
+	}
 }
 
 // TestAgentConvergesLibvirtKinds runs the vm and network kinds in a real
 // agent against libvirt's test driver: converge, repair a domain destroyed
-// behind the agent's back, delete, and close the connection at stop.
+// behind the agent's back, delete, and close the connection at stop. The
+// agent and the test share one understudy-libvirt (on a socket): the test
+// driver's state is per process, and the test's own connection to that
+// process is how it acts behind the agent's back.
 func TestAgentConvergesLibvirtKinds(t *testing.T) {
-	behind, err := lv.NewConnect(rules.TestURI)
-	if err != nil {
-		t.Fatalf("cannot open %s: run scripts/install-test-deps.sh (it installs libvirt0): %v", rules.TestURI, err)
-	}
-	defer func() { _, _ = behind.Close() }()
-	w := startAgentWorld(t, AgentConfig{ID: "lv1", LibvirtURI: rules.TestURI, ObserveInterval: 100 * time.Millisecond,
-		RetryBase: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond})
+	sock := libvirtDriverSocket(t)
+	behindDriver := libvirt.NewDriverProcess(libvirt.DriverConfig{Socket: sock}, nil)
+	defer behindDriver.Close()
+	behind := behindDriver.Hypervisor(rules.TestURI)
+	ctx := context.Background()
+	w := startAgentWorld(t, AgentConfig{ID: "lv1", LibvirtURI: rules.TestURI, LibvirtDriver: libvirt.DriverConfig{Socket: sock},
+		ObserveInterval: 100 * time.Millisecond, RetryBase: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond})
 	lab := res("lab", "network", map[string]any{"bridge": "virbr42", "ip": "10.42.0.1/24",
 		"dhcp": map[string]any{"start": "10.42.0.10", "end": "10.42.0.99"}})
 	web := res("web", "vm", map[string]any{"domain_type": "test", "vcpus": 2, "memory": "1GiB",
@@ -115,16 +162,12 @@ func TestAgentConvergesLibvirtKinds(t *testing.T) {
 
 	// Destroyed behind the agent's back: the periodic observation finds it
 	// and the agent starts it again.
-	dom, err := behind.LookupDomainByName("web")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := dom.Destroy(); err != nil {
-		t.Fatal(err)
+	if was, err := behind.Destroy(ctx, "web"); err != nil || !was {
+		t.Fatalf("destroy behind the agent's back: was running %v, %v", was, err)
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		if st, _, err := dom.GetState(); err == nil && st == lv.DOMAIN_RUNNING {
+		if st, err := behind.DomainStatus(ctx, "web"); err == nil && st.State == libvirt.StateRunning {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -132,7 +175,6 @@ func TestAgentConvergesLibvirtKinds(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	dom.Free()
 
 	// Removed from the manifest: destroyed and undefined.
 	m = w.apply(agent.Manifest{Resources: []agent.Resource{lab}})
@@ -140,24 +182,64 @@ func TestAgentConvergesLibvirtKinds(t *testing.T) {
 		_, has := s.Resources["web"]
 		return s.ManifestGeneration == m.Generation && !has && ready(s, "lab")
 	})
-	if _, err := behind.LookupDomainByName("web"); err == nil {
-		t.Fatal("web is still defined")
+	if st, err := behind.DomainStatus(ctx, "web"); err != nil || st.Defined {
+		t.Fatalf("web is still defined: %+v %v", st, err)
 	}
 
 	// The agent closes its connection when it stops: with ours closed too,
-	// test:///default starts afresh.
+	// test:///default starts afresh in that process. (Looked at through
+	// connections of their own, which do not keep the state alive.)
 	w.a.Stop()
-	if _, err := behind.Close(); err != nil {
+	if err := behindDriver.Close(); err != nil {
 		t.Fatal(err)
 	}
-	fresh, err := lv.NewConnect(rules.TestURI)
-	if err != nil {
-		t.Fatal(err)
+	fresh := libvirt.NewDriverProcess(libvirt.DriverConfig{Socket: sock}, nil)
+	defer fresh.Close()
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		st, err := fresh.Fresh(rules.TestURI).NetworkStatus(ctx, "lab")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !st.Defined {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("network lab outlived every connection: the agent kept its libvirt connection open after Stop")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	defer func() { _, _ = fresh.Close() }()
-	if n, err := fresh.LookupNetworkByName("lab"); err == nil {
-		n.Free()
-		t.Fatal("network lab outlived every connection: the agent kept its libvirt connection open after Stop")
+}
+
+// The agent's own understudy-libvirt: started by the libvirt kinds' first
+// call (not before), a child of the agent's process, stopped with the
+// agent.
+func TestAgentRunsLibvirtInItsOwnDriverProcess(t *testing.T) {
+	bin := libvirtDriverBinary(t)
+	w := startAgentWorld(t, AgentConfig{ID: "lv2", LibvirtURI: rules.TestURI, LibvirtDriver: libvirt.DriverConfig{Path: bin},
+		ObserveInterval: time.Hour, RetryBase: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond})
+	m := w.apply(agent.Manifest{Resources: []agent.Resource{res("motd", "file", map[string]any{"path": filepath.Join(t.TempDir(), "motd"), "content": "x"})}})
+	w.waitStatus("file ready", func(s agent.Status) bool {
+		return s.ManifestGeneration == m.Generation && s.Resources["motd"].Phase == agent.Ready
+	})
+	if pids := childrenRunning(t, bin); len(pids) != 0 {
+		t.Fatalf("understudy-libvirt runs (%v) though no libvirt kind was used", pids)
+	}
+	m = w.apply(agent.Manifest{Resources: []agent.Resource{res("solo", "network", map[string]any{"ip": "10.44.0.1/24"})}})
+	s := w.waitStatus("network ready", func(s agent.Status) bool {
+		r := s.Resources["solo"]
+		return s.ManifestGeneration == m.Generation && r.Phase == agent.Ready && r.Generation == m.Generation
+	})
+	if d := s.Resources["solo"].Details; d["active"] != "true" || d["ip"] != "10.44.0.1/24" {
+		t.Fatalf("network details %v", d)
+	}
+	pids := childrenRunning(t, bin)
+	if len(pids) != 1 {
+		t.Fatalf("understudy-libvirt processes: %v, want one", pids)
+	}
+	w.a.Stop()
+	if after := childrenRunning(t, bin); len(after) != 0 {
+		t.Fatalf("understudy-libvirt still runs after the agent stopped: %v", after)
 	}
 }
 

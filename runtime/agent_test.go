@@ -13,10 +13,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	lv "libvirt.org/go/libvirt"
 
 	"understudy/actors/agent"
 	"understudy/actors/resources"
+	"understudy/actors/resources/libvirt"
 	"understudy/actors/resources/libvirt/rules"
 	"understudy/events"
 )
@@ -90,14 +90,16 @@ func res(id, kind string, spec map[string]any) agent.Resource {
 // agent's back (file rewritten, process killed, VM destroyed) is repaired;
 // a changed manifest is applied and what left it is deleted.
 func TestAgentConvergesRepairsDriftAndAppliesChanges(t *testing.T) {
-	// A connection of our own to test:///default: the agent's shares its
-	// state (one process), so the test can act behind the agent's back.
-	behind, err := lv.NewConnect(rules.TestURI)
-	if err != nil {
-		t.Fatalf("cannot open %s: run scripts/install-test-deps.sh (it installs libvirt0): %v", rules.TestURI, err)
-	}
-	defer func() { _, _ = behind.Close() }()
-	w := startAgentWorld(t, AgentConfig{ID: "n1", LibvirtURI: rules.TestURI, ObserveInterval: 100 * time.Millisecond, RetryBase: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond})
+	// One understudy-libvirt for the agent and the test: test:///default
+	// keeps its state per process, so the test's own connection to that
+	// process sees the agent's domains and can act behind its back.
+	sock := libvirtDriverSocket(t)
+	behindDriver := libvirt.NewDriverProcess(libvirt.DriverConfig{Socket: sock}, nil)
+	defer behindDriver.Close()
+	behind := behindDriver.Hypervisor(rules.TestURI)
+	ctx := context.Background()
+	w := startAgentWorld(t, AgentConfig{ID: "n1", LibvirtURI: rules.TestURI, LibvirtDriver: libvirt.DriverConfig{Socket: sock},
+		ObserveInterval: 100 * time.Millisecond, RetryBase: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond})
 	dir := t.TempDir()
 	motd := filepath.Join(dir, "motd")
 	marker := filepath.Join(dir, "prepared")
@@ -159,19 +161,14 @@ func TestAgentConvergesRepairsDriftAndAppliesChanges(t *testing.T) {
 	if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	dom, err := behind.LookupDomainByName("e2e-vm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dom.Free()
-	if err := dom.Destroy(); err != nil {
-		t.Fatal(err)
+	if was, err := behind.Destroy(ctx, "e2e-vm"); err != nil || !was {
+		t.Fatalf("destroy e2e-vm behind the agent's back: was running %v, %v", was, err)
 	}
 	w.waitStatus("repaired", func(s agent.Status) bool {
 		b, _ := os.ReadFile(motd)
-		st, _, err := dom.GetState()
+		st, err := behind.DomainStatus(ctx, "e2e-vm")
 		return string(b) == "hello\n" && ready(s, "svc") && s.Resources["svc"].Details["pid"] != svc["pid"] &&
-			err == nil && st == lv.DOMAIN_RUNNING && ready(s, "e2e-vm")
+			err == nil && st.State == libvirt.StateRunning && ready(s, "e2e-vm")
 	})
 
 	// A new manifest: the file and the VM are gone from it (deleted from
@@ -187,16 +184,13 @@ func TestAgentConvergesRepairsDriftAndAppliesChanges(t *testing.T) {
 	if _, err := os.Stat(motd); !os.IsNotExist(err) {
 		t.Errorf("motd left the manifest but is still on disk: %v", err)
 	}
-	if d, err := behind.LookupDomainByName("e2e-vm"); err == nil {
-		d.Free()
-		t.Errorf("e2e-vm left the manifest but is still defined")
+	if st, err := behind.DomainStatus(ctx, "e2e-vm"); err != nil || st.Defined {
+		t.Errorf("e2e-vm left the manifest but is still defined: %+v %v", st, err)
 	}
-	if n, err := behind.LookupNetworkByName("e2e-net"); err != nil {
-		t.Errorf("e2e-net stayed in the manifest but is gone: %v", err)
-	} else if active, _ := n.IsActive(); !active {
+	if st, err := behind.NetworkStatus(ctx, "e2e-net"); err != nil || !st.Defined {
+		t.Errorf("e2e-net stayed in the manifest but is gone: %+v %v", st, err)
+	} else if !st.Active {
 		t.Errorf("e2e-net stayed in the manifest but is no longer active")
-	} else {
-		n.Free()
 	}
 	if s.ObservedGeneration != m2.Generation {
 		t.Errorf("observed generation %d, want %d", s.ObservedGeneration, m2.Generation)

@@ -4,6 +4,7 @@ import (
 	"understudy/actors"
 	"understudy/actors/agent"
 	"understudy/actors/resources"
+	"understudy/actors/resources/libvirt"
 	"understudy/actors/resources/libvirt/rules"
 
 	"crypto/tls"
@@ -211,6 +212,9 @@ type settings struct {
 
 	members []MemberConfig
 	agent   *AgentConfig
+	// libvirtDriver is where understudy-libvirt is, for the agent's kinds
+	// and the members' libvirt fence steps alike.
+	libvirtDriver libvirt.DriverConfig
 }
 
 // AgentSection is the node file's agent section.
@@ -219,6 +223,11 @@ type AgentSection struct {
 	ObserveInterval string `yaml:"observe_interval"` // default 30s
 	AllowShellJobs  bool   `yaml:"allow_shell_jobs"` // default false
 	LibvirtURI      string `yaml:"libvirt_uri"`      // default qemu:///system
+	// LibvirtDriver is the understudy-libvirt executable, which runs every
+	// libvirt call of this node (the vm and network kinds, and the
+	// libvirt fence steps of its pairs); default: next to understudy, else
+	// in PATH.
+	LibvirtDriver string `yaml:"libvirt_driver"`
 	// Container configures podman for the container kind (podman's own
 	// defaults when absent).
 	Container *ContainerSection `yaml:"container"`
@@ -363,6 +372,13 @@ func (c Config) resolve() (settings, error) {
 				bad("agent.libvirt_uri", rule, a.LibvirtURI)
 			}
 			ac.LibvirtURI = a.LibvirtURI
+		}
+		if a.LibvirtDriver != "" {
+			if rule := executableRule(a.LibvirtDriver); rule != "" {
+				bad("agent.libvirt_driver", rule, a.LibvirtDriver)
+			}
+			ac.LibvirtDriver.Path = a.LibvirtDriver
+			s.libvirtDriver = ac.LibvirtDriver
 		}
 		if ac.ID == "" {
 			ac.ID = c.Node
@@ -535,4 +551,23 @@ func LoadConfigFile(path string) (Config, error) {
 	}
 	c.BaseDir = abs
 	return c, nil
+}
+
+// executableRule returns the rule the path of an executable breaks: an
+// absolute path (the node's working directory is nobody's business) to a
+// regular file with execute permission.
+func executableRule(path string) string {
+	if !filepath.IsAbs(path) {
+		return "must be an absolute path to the understudy-libvirt executable"
+	}
+	st, err := os.Stat(path)
+	switch {
+	case err != nil:
+		return "must be the understudy-libvirt executable: " + err.Error()
+	case !st.Mode().IsRegular():
+		return "must be the understudy-libvirt executable, not a directory or a device"
+	case st.Mode().Perm()&0o111 == 0:
+		return "must be executable (chmod +x)"
+	}
+	return ""
 }

@@ -17,6 +17,10 @@
 //     timers and write results, with a child actor running the member's
 //     procedure chains; each appends its events to its own subject with
 //     per-subject optimistic concurrency from a goroutine of its own;
+//   - the node agent ([StartAgent]) and its resource actors;
+//   - the understudy-libvirt processes: one for the agent's libvirt kinds,
+//     one for the members' libvirt fence steps (libvirt.DriverProcess),
+//     each started on first need and stopped with its owner;
 //   - health and metrics over HTTP (/healthz, Prometheus /metrics);
 //   - graceful shutdown in reverse order: HTTP, the NATS connection, the
 //     embedded server ([Serve]).

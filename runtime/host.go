@@ -28,27 +28,34 @@ func Codec() *events.Registry {
 }
 
 // DefaultDrivers are the procedure drivers of every node: exec, and the
-// libvirt fence drivers (libvirt-destroy, libvirt-link-down).
-func DefaultDrivers() procedure.Drivers {
+// libvirt fence drivers (libvirt-destroy, libvirt-link-down) on lv — a
+// libvirt.DriverProcess, which runs their calls in understudy-libvirt.
+func DefaultDrivers(lv libvirt.Connector) procedure.Drivers {
 	d := procedure.DefaultDrivers()
-	maps.Copy(d, libvirt.FenceDrivers())
+	maps.Copy(d, libvirt.FenceDrivers(lv))
 	return d
 }
 
 // HostOptions tune a Host.
 type HostOptions struct {
-	Logger  *slog.Logger
-	Drivers procedure.Drivers // DefaultDrivers() when nil
-	Observe func(Transition)  // see MemberDeps.Observe
-	Metrics *MemberMetrics    // see MemberDeps.Metrics
+	Logger *slog.Logger
+	// Drivers run the members' steps; nil: DefaultDrivers on an
+	// understudy-libvirt process of the Host's own, started on the first
+	// libvirt step and stopped with the Host.
+	Drivers procedure.Drivers
+	// LibvirtDriver is where that process is (see libvirt.DriverConfig).
+	LibvirtDriver libvirt.DriverConfig
+	Observe       func(Transition) // see MemberDeps.Observe
+	Metrics       *MemberMetrics   // see MemberDeps.Metrics
 }
 
 // Host runs pair members as hollywood actors on one NATS connection.
 type Host struct {
-	engine *actor.Engine
-	pids   []*actor.PID
-	Log    events.Log
-	KV     events.KV
+	engine  *actor.Engine
+	pids    []*actor.PID
+	libvirt *libvirt.DriverProcess // nil when HostOptions.Drivers were given
+	Log     events.Log
+	KV      events.KV
 }
 
 // StartHost spawns one member actor per entry of members. The stream and
@@ -57,10 +64,6 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 	logger := opts.Logger
 	if logger == nil {
 		logger = slog.Default()
-	}
-	drivers := opts.Drivers
-	if drivers == nil {
-		drivers = DefaultDrivers()
 	}
 	evlog, err := events.NewJetStreamLog(js, stream, Codec())
 	if err != nil {
@@ -75,6 +78,11 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 		return nil, fmt.Errorf("runtime: actor engine: %w", err)
 	}
 	h := &Host{engine: engine, Log: evlog, KV: kv}
+	drivers := opts.Drivers
+	if drivers == nil {
+		h.libvirt = libvirt.NewDriverProcess(opts.LibvirtDriver, logger)
+		drivers = DefaultDrivers(h.libvirt)
+	}
 	for _, mc := range members {
 		deps := MemberDeps{Log: evlog, KV: kv, Drivers: drivers, Logger: logger, Observe: opts.Observe, Metrics: opts.Metrics}
 		pid := engine.Spawn(NewMemberActor(mc, deps), "member", actor.WithID(mc.Rules.Pair+"."+mc.Site))
@@ -103,10 +111,14 @@ func (h *Host) Shutdown(ctx context.Context) {
 	h.Stop(context.Background())
 }
 
-// Stop stops every member (their resources with them) and waits for them.
-// It does not fence: a member stopping leaves its resource as it is, and
-// the next start comes up fenced.
+// Stop stops every member (their resources with them) and waits for them,
+// then the understudy-libvirt process of the fence steps, if one runs. It
+// does not fence: a member stopping leaves its resource as it is, and the
+// next start comes up fenced.
 func (h *Host) Stop(ctx context.Context) {
+	if h.libvirt != nil {
+		defer h.libvirt.Close()
+	}
 	var waits []context.Context
 	for _, pid := range h.pids {
 		waits = append(waits, h.engine.Poison(pid))

@@ -150,7 +150,7 @@ func (n *node) run(ctx context.Context) error {
 	}
 	var host *Host
 	if len(s.members) > 0 {
-		host, err = StartHost(ctx, js, s.eventsStream, s.failoverBucket, s.members, HostOptions{Logger: n.log, Metrics: n.metrics.members})
+		host, err = StartHost(ctx, js, s.eventsStream, s.failoverBucket, s.members, HostOptions{Logger: n.log, Metrics: n.metrics.members, LibvirtDriver: s.libvirtDriver})
 		if err != nil {
 			return fmt.Errorf("runtime: members: %w", err)
 		}

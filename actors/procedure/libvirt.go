@@ -9,8 +9,9 @@ import (
 )
 
 // The libvirt fence drivers. This package names them and checks their
-// fields; their implementation is in actors/resources/libvirt (it links
-// libvirt), and the runtime adds it to the Drivers of every node.
+// fields; their implementation is in actors/resources/libvirt (its calls
+// run in the understudy-libvirt process), and the runtime adds it to the
+// Drivers of every node.
 const (
 	// DriverLibvirtDestroy powers a domain off at once (virDomainDestroy).
 	// A domain already shut off is fenced: the step succeeds.

@@ -151,3 +151,66 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+// listDeps lists the packages a main package links (go list -deps).
+func listDeps(t *testing.T, pkg string) []listedDep {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-deps", "-tags", "libvirt_dlopen", "-json=ImportPath,Standard,Imports,CgoFiles", pkg)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list -deps %s: %v\n%s", pkg, err, stderr.String())
+	}
+	var deps []listedDep
+	dec := json.NewDecoder(bytes.NewReader(out))
+	for dec.More() {
+		var d listedDep
+		if err := dec.Decode(&d); err != nil {
+			t.Fatalf("decode go list output: %v", err)
+		}
+		deps = append(deps, d)
+	}
+	return deps
+}
+
+type listedDep struct {
+	ImportPath string
+	Standard   bool
+	Imports    []string
+	CgoFiles   []string
+}
+
+const libvirtModule = "libvirt.org/go/libvirt"
+
+// The understudy binary links no libvirt: the module loads libvirt.so.0
+// and some forty libraries at the start of every process that links it
+// (the node agent's idle memory doubled). libvirt calls run in the
+// understudy-libvirt process (libvirt.DriverProcess). Without any cgo
+// package of its own, understudy also builds with CGO_ENABLED=0.
+func TestUnderstudyLinksNoLibvirt(t *testing.T) {
+	linksLibvirt := func(deps []listedDep) (importers []string) {
+		for _, d := range deps {
+			if contains(d.Imports, libvirtModule) {
+				importers = append(importers, d.ImportPath)
+			}
+		}
+		return importers
+	}
+	deps := listDeps(t, "understudy/cmd/understudy")
+	if len(deps) < 50 {
+		t.Fatalf("go list found only %d dependencies; the check would prove nothing", len(deps))
+	}
+	for _, d := range deps {
+		if d.ImportPath == libvirtModule {
+			t.Errorf("understudy links %s (imported by %v): reach libvirt through libvirt.DriverProcess (the understudy-libvirt process) instead", libvirtModule, linksLibvirt(deps))
+		}
+		if !d.Standard && len(d.CgoFiles) > 0 {
+			t.Errorf("understudy links %s, which uses cgo (%v): understudy must build with CGO_ENABLED=0", d.ImportPath, d.CgoFiles)
+		}
+	}
+	// The check sees libvirt where it is linked.
+	if importers := linksLibvirt(listDeps(t, "understudy/cmd/understudy-libvirt")); !contains(importers, "understudy/actors/resources/libvirt/direct") {
+		t.Fatalf("understudy-libvirt's %s importers: %v; the check would prove nothing", libvirtModule, importers)
+	}
+}

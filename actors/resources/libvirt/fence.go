@@ -5,18 +5,18 @@ import (
 	"errors"
 	"fmt"
 
-	lv "libvirt.org/go/libvirt"
-
 	"understudy/actors/procedure"
 )
 
 // FenceDrivers returns the libvirt fence drivers under their step driver
 // names (procedure.DriverLibvirtDestroy, procedure.DriverLibvirtLinkDown),
-// for the runtime to add to every node's procedure.Drivers.
-func FenceDrivers() procedure.Drivers {
+// on c, for the runtime to add to every node's procedure.Drivers. The
+// runtime gives a DriverProcess: at a step's deadline it kills its
+// understudy-libvirt process, which stops the libvirt call.
+func FenceDrivers(c Connector) procedure.Drivers {
 	return procedure.Drivers{
-		procedure.DriverLibvirtDestroy:  DestroyDriver{},
-		procedure.DriverLibvirtLinkDown: LinkDownDriver{},
+		procedure.DriverLibvirtDestroy:  DestroyDriver{Connector: c},
+		procedure.DriverLibvirtLinkDown: LinkDownDriver{Connector: c},
 	}
 }
 
@@ -25,20 +25,24 @@ func FenceDrivers() procedure.Drivers {
 // the step succeeds; a domain that does not exist fails it (a misspelt
 // name must not pass for a fence).
 //
-// Each run opens its own connection and closes it after: a fence must not
-// depend on a connection that sat idle since the last one. Run returns
-// ResultTimedOut when ctx ends first; the libvirt call then finishes in the
-// background (libvirt calls cannot be interrupted).
-type DestroyDriver struct{}
+// Each run opens its own connection (Connector.Fresh) and closes it after:
+// a fence must not depend on a connection that sat idle since the last
+// one. Run returns ResultTimedOut when ctx ends first; on a DriverProcess
+// the understudy-libvirt process running the call has been killed then
+// (libvirt calls cannot be interrupted otherwise).
+type DestroyDriver struct{ Connector Connector }
 
 // Run implements procedure.Driver.
-func (DestroyDriver) Run(ctx context.Context, step procedure.StepSpec) procedure.Outcome {
+func (d DestroyDriver) Run(ctx context.Context, step procedure.StepSpec) procedure.Outcome {
 	spec := step.Libvirt
 	if spec == nil {
 		return failed("step has no libvirt fields")
 	}
+	if d.Connector == nil {
+		return failed("libvirt fence driver without a connector (a wiring mistake)")
+	}
 	uri := spec.ConnURI()
-	was, err := once(ctx, uri, func(conn *lv.Connect) (bool, error) { return destroy(conn, spec.Domain) })
+	was, err := d.Connector.Fresh(uri).Destroy(ctx, spec.Domain)
 	if err != nil {
 		return outcomeOf(ctx, uri, err)
 	}
@@ -56,17 +60,20 @@ func (DestroyDriver) Run(ctx context.Context, step procedure.StepSpec) procedure
 // domain's next boot (a restarted member comes up fenced anyway).
 //
 // Connections and timeouts are as for DestroyDriver.
-type LinkDownDriver struct{}
+type LinkDownDriver struct{ Connector Connector }
 
 // Run implements procedure.Driver.
-func (LinkDownDriver) Run(ctx context.Context, step procedure.StepSpec) procedure.Outcome {
+func (d LinkDownDriver) Run(ctx context.Context, step procedure.StepSpec) procedure.Outcome {
 	spec := step.Libvirt
 	if spec == nil {
 		return failed("step has no libvirt fields")
 	}
+	if d.Connector == nil {
+		return failed("libvirt fence driver without a connector (a wiring mistake)")
+	}
 	uri := spec.ConnURI()
 	ref := NICRef{MAC: spec.MAC, Target: spec.Interface}
-	res, err := once(ctx, uri, func(conn *lv.Connect) (LinkResult, error) { return setLink(conn, spec.Domain, ref, false) })
+	res, err := d.Connector.Fresh(uri).SetLink(ctx, spec.Domain, ref, false)
 	if err != nil {
 		return outcomeOf(ctx, uri, err)
 	}

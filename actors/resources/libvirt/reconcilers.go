@@ -7,8 +7,6 @@ import (
 	"strconv"
 	"strings"
 
-	lv "libvirt.org/go/libvirt"
-
 	"understudy/actors/resources"
 )
 
@@ -25,11 +23,12 @@ const (
 // spec has none (ids are lower-case letters, digits, - and _, valid libvirt
 // names as they are). Delete destroys and undefines the domain; disk
 // images are data and stay. Safe for concurrent use; every method is
-// idempotent, and Validate never connects.
-type VMReconciler struct{ hv *Hypervisor }
+// idempotent, and Validate never connects (nor starts understudy-libvirt).
+type VMReconciler struct{ hv Hypervisor }
 
-// NewVMReconciler returns the vm kind on hv.
-func NewVMReconciler(hv *Hypervisor) *VMReconciler { return &VMReconciler{hv: hv} }
+// NewVMReconciler returns the vm kind on hv; its owner closes what hv
+// runs on.
+func NewVMReconciler(hv Hypervisor) *VMReconciler { return &VMReconciler{hv: hv} }
 
 type vmSpec struct {
 	vm        *VM
@@ -38,10 +37,6 @@ type vmSpec struct {
 }
 
 func (*VMReconciler) Kind() string { return KindVM }
-
-// Close closes the libvirt connections of its Hypervisor (the agent is
-// stopping); idempotent.
-func (r *VMReconciler) Close() error { return r.hv.Close() }
 
 func (r *VMReconciler) Validate(spec resources.Spec) error {
 	_, err := parseVMSpec("", spec)
@@ -124,9 +119,13 @@ func (r *VMReconciler) Observe(ctx context.Context, id string, spec resources.Sp
 	if err != nil {
 		return resources.Observation{}, err
 	}
-	info, err := call(ctx, r.hv.conns, r.hv.uri, func(conn *lv.Connect) (domainInfo, error) { return inspectDomain(conn, s.vm.Name) })
+	st, err := r.hv.DomainStatus(ctx, s.vm.Name)
 	if err != nil {
-		return resources.Observation{}, r.hv.wrap(err)
+		return resources.Observation{}, err
+	}
+	info, err := readDomain(st)
+	if err != nil {
+		return resources.Observation{}, err
 	}
 	return s.observe(info), nil
 }
@@ -136,11 +135,13 @@ func (r *VMReconciler) Reconcile(ctx context.Context, id string, spec resources.
 	if err != nil {
 		return resources.Observation{}, err
 	}
-	info, err := call(ctx, r.hv.conns, r.hv.uri, func(conn *lv.Connect) (domainInfo, error) {
-		return ensureVM(conn, s.vm, s.state, s.autostart)
-	})
+	st, err := r.hv.EnsureVM(ctx, s.vm, s.state, s.autostart)
 	if err != nil {
-		return resources.Observation{}, r.hv.wrap(err)
+		return resources.Observation{}, err
+	}
+	info, err := readDomain(st)
+	if err != nil {
+		return resources.Observation{}, err
 	}
 	o := s.observe(info)
 	if !o.InSync && s.state == StateShutoff && info.status.Active() {
@@ -222,11 +223,12 @@ func (s vmSpec) observe(info domainInfo) resources.Observation {
 // changed definition of an active network is applied by restarting the
 // network: guests attached to it lose connectivity meanwhile. Delete
 // stops and undefines it. Safe for concurrent use; every method is
-// idempotent, and Validate never connects.
-type NetworkReconciler struct{ hv *Hypervisor }
+// idempotent, and Validate never connects (nor starts understudy-libvirt).
+type NetworkReconciler struct{ hv Hypervisor }
 
-// NewNetworkReconciler returns the network kind on hv.
-func NewNetworkReconciler(hv *Hypervisor) *NetworkReconciler { return &NetworkReconciler{hv: hv} }
+// NewNetworkReconciler returns the network kind on hv; its owner closes
+// what hv runs on.
+func NewNetworkReconciler(hv Hypervisor) *NetworkReconciler { return &NetworkReconciler{hv: hv} }
 
 type netSpec struct {
 	net       *Network
@@ -234,9 +236,6 @@ type netSpec struct {
 }
 
 func (*NetworkReconciler) Kind() string { return KindNetwork }
-
-// Close closes the libvirt connections of its Hypervisor; idempotent.
-func (r *NetworkReconciler) Close() error { return r.hv.Close() }
 
 func (r *NetworkReconciler) Validate(spec resources.Spec) error {
 	_, err := parseNetSpec("validate", spec)
@@ -295,9 +294,13 @@ func (r *NetworkReconciler) Observe(ctx context.Context, id string, spec resourc
 	if err != nil {
 		return resources.Observation{}, err
 	}
-	info, err := call(ctx, r.hv.conns, r.hv.uri, func(conn *lv.Connect) (networkInfo, error) { return inspectNetwork(conn, s.net.Name) })
+	st, err := r.hv.NetworkStatus(ctx, s.net.Name)
 	if err != nil {
-		return resources.Observation{}, r.hv.wrap(err)
+		return resources.Observation{}, err
+	}
+	info, err := readNetwork(st)
+	if err != nil {
+		return resources.Observation{}, err
 	}
 	return s.observe(info), nil
 }
@@ -307,11 +310,13 @@ func (r *NetworkReconciler) Reconcile(ctx context.Context, id string, spec resou
 	if err != nil {
 		return resources.Observation{}, err
 	}
-	info, err := call(ctx, r.hv.conns, r.hv.uri, func(conn *lv.Connect) (networkInfo, error) {
-		return ensureNetwork(conn, s.net, s.autostart)
-	})
+	st, err := r.hv.EnsureNetwork(ctx, s.net, s.autostart)
 	if err != nil {
-		return resources.Observation{}, r.hv.wrap(err)
+		return resources.Observation{}, err
+	}
+	info, err := readNetwork(st)
+	if err != nil {
+		return resources.Observation{}, err
 	}
 	return s.observe(info), nil
 }

@@ -510,9 +510,10 @@ type rawInterface struct {
 	Type   string       `xml:"type,attr"`
 }
 
-// findInterface finds the NIC ref names in a domain's XML and returns its
-// <interface> element and status.
-func findInterface(domain string, ref NICRef) (string, NICStatus, error) {
+// FindInterface finds the NIC ref names in a domain's XML and returns its
+// <interface> element (verbatim, for virDomainUpdateDeviceFlags) and its
+// status.
+func FindInterface(domain string, ref NICRef) (string, NICStatus, error) {
 	var d struct {
 		Interfaces []rawInterface `xml:"devices>interface"`
 	}
@@ -556,9 +557,9 @@ func (ri rawInterface) element() string {
 
 var linkElement = regexp.MustCompile(`(?s)<link(\s[^>]*)?/>|<link(\s[^>]*)?>.*?</link>`)
 
-// withLinkState returns an <interface> element with its <link> replaced by
-// <link state='state'/>.
-func withLinkState(iface, state string) string {
+// WithLinkState returns an <interface> element (from FindInterface) with
+// its <link> replaced by <link state='state'/>.
+func WithLinkState(iface, state string) string {
 	inner := strings.TrimSuffix(iface, "</interface>")
 	inner = linkElement.ReplaceAllString(inner, "")
 	return inner + "<link state='" + state + "'/></interface>"

@@ -156,14 +156,14 @@ func TestLinkStateRewrite(t *testing.T) {
     <link state='up'/>
   </interface>
 </devices></domain>`
-	raw, st, err := findInterface(dom, NICRef{MAC: "52:54:00:00:00:02"})
+	raw, st, err := FindInterface(dom, NICRef{MAC: "52:54:00:00:00:02"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if st.Target != "vnet4" || st.Link != "up" || st.Source != "bridge br0" {
 		t.Fatalf("%+v", st)
 	}
-	down := withLinkState(raw, "down")
+	down := WithLinkState(raw, "down")
 	var back rawInterface
 	if err := xml.Unmarshal([]byte(down), &back); err != nil {
 		t.Fatalf("%v:\n%s", err, down)
@@ -172,10 +172,10 @@ func TestLinkStateRewrite(t *testing.T) {
 		t.Fatalf("rewritten element:\n%s", down)
 	}
 	contains(t, "attributes kept", down, "trustGuestRxFilters='no'")
-	if _, st, err := findInterface(dom, NICRef{Target: "vnet3"}); err != nil || st.MAC != "52:54:00:00:00:01" || st.Link != "up" {
+	if _, st, err := FindInterface(dom, NICRef{Target: "vnet3"}); err != nil || st.MAC != "52:54:00:00:00:01" || st.Link != "up" {
 		t.Fatalf("by target: %+v %v", st, err)
 	}
-	_, _, err = findInterface(dom, NICRef{MAC: "52:54:00:00:00:09"})
+	_, _, err = FindInterface(dom, NICRef{MAC: "52:54:00:00:00:09"})
 	if err == nil {
 		t.Fatal("an unknown MAC must be an error")
 	}

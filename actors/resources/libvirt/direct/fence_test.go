@@ -1,4 +1,4 @@
-package libvirt
+package direct
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	lv "libvirt.org/go/libvirt"
 
 	"understudy/actors/procedure"
+	"understudy/actors/resources/libvirt"
 	"understudy/actors/resources/libvirt/rules"
 )
 
@@ -17,15 +18,22 @@ func fenceStep(driver string, l procedure.LibvirtSpec) procedure.StepSpec {
 	return procedure.StepSpec{Name: driver, Driver: driver, Timeout: 5 * time.Second, Libvirt: &l}
 }
 
+// fenceDrivers are the fence drivers calling libvirt in this process.
+func fenceDrivers(t *testing.T) procedure.Drivers {
+	conns := NewConns(nil)
+	t.Cleanup(func() { conns.Close() })
+	return libvirt.FenceDrivers(conns)
+}
+
 func runStep(t *testing.T, step procedure.StepSpec) procedure.Outcome {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), step.Timeout)
 	defer cancel()
-	return FenceDrivers().Run(ctx, step)
+	return fenceDrivers(t).Run(ctx, step)
 }
 
-// defineRaw defines (and starts) a domain from XML on the test driver.
-func defineRaw(t *testing.T, conn *lv.Connect, x string, start bool) {
+// defineRaw defines (and starts) domain name from XML on the test driver.
+func defineRaw(t *testing.T, conn *lv.Connect, name, x string, start bool) {
 	t.Helper()
 	d, err := conn.DomainDefineXML(x)
 	if err != nil {
@@ -38,7 +46,7 @@ func defineRaw(t *testing.T, conn *lv.Connect, x string, start bool) {
 		}
 	}
 	t.Cleanup(func() {
-		if d, err := conn.LookupDomainByName(mustName(x)); err == nil {
+		if d, err := conn.LookupDomainByName(name); err == nil {
 			_ = d.Destroy()
 			_ = d.Undefine()
 			d.Free()
@@ -46,14 +54,9 @@ func defineRaw(t *testing.T, conn *lv.Connect, x string, start bool) {
 	})
 }
 
-func mustName(x string) string {
-	d, _ := parseDomain(x)
-	return d.Name
-}
-
 func TestFenceDestroy(t *testing.T) {
 	conn := testConn(t)
-	defineRaw(t, conn, mustXML(t, NewVM("pg-a").WithType(DomainTest).WithDisk(Disk{Path: "/pg-a.img"})), true)
+	defineRaw(t, conn, "pg-a", mustXML(t, libvirt.NewVM("pg-a").WithType(libvirt.DomainTest).WithDisk(libvirt.Disk{Path: "/pg-a.img"})), true)
 	step := fenceStep(procedure.DriverLibvirtDestroy, procedure.LibvirtSpec{URI: rules.TestURI, Domain: "pg-a"})
 
 	o := runStep(t, step)
@@ -90,14 +93,14 @@ func TestFenceDestroy(t *testing.T) {
 
 func TestFenceLinkDown(t *testing.T) {
 	conn := testConn(t)
-	vm := NewVM("pg-b").WithType(DomainTest).WithDisk(Disk{Path: "/pg-b.img"}).
-		WithNIC(NIC{Network: "default", MAC: "52:54:00:00:0b:01"}).
-		WithNIC(NIC{Network: "default", MAC: "52:54:00:00:0b:02"})
+	vm := libvirt.NewVM("pg-b").WithType(libvirt.DomainTest).WithDisk(libvirt.Disk{Path: "/pg-b.img"}).
+		WithNIC(libvirt.NIC{Network: "default", MAC: "52:54:00:00:0b:01"}).
+		WithNIC(libvirt.NIC{Network: "default", MAC: "52:54:00:00:0b:02"})
 	x := mustXML(t, vm)
 	// The second NIC's link is already down in the definition: the test
 	// driver keeps it, so the idempotent path runs against real libvirt.
 	x = strings.Replace(x, `<mac address="52:54:00:00:0b:02"></mac>`, `<mac address="52:54:00:00:0b:02"></mac><link state="down"/>`, 1)
-	defineRaw(t, conn, x, true)
+	defineRaw(t, conn, "pg-b", x, true)
 	link := func(l procedure.LibvirtSpec) procedure.Outcome {
 		l.URI, l.Domain = rules.TestURI, "pg-b"
 		return runStep(t, fenceStep(procedure.DriverLibvirtLinkDown, l))
@@ -189,14 +192,14 @@ func TestFenceTimeout(t *testing.T) {
 	// A context already done does not start.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	o := DestroyDriver{}.Run(ctx, fenceStep(procedure.DriverLibvirtDestroy, procedure.LibvirtSpec{URI: rules.TestURI, Domain: "x"}))
+	o := libvirt.DestroyDriver{Connector: NewConns(nil)}.Run(ctx, fenceStep(procedure.DriverLibvirtDestroy, procedure.LibvirtSpec{URI: rules.TestURI, Domain: "x"}))
 	if o.Result != procedure.ResultTimedOut || !strings.Contains(o.Detail, "not started") {
 		t.Fatalf("%+v", o)
 	}
 }
 
 func TestFenceStepWithoutFields(t *testing.T) {
-	for _, d := range FenceDrivers() {
+	for _, d := range fenceDrivers(t) {
 		if o := d.Run(context.Background(), procedure.StepSpec{Name: "x"}); o.Result != procedure.ResultFailed {
 			t.Fatalf("%+v", o)
 		}

@@ -1,4 +1,4 @@
-package libvirt
+package direct
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	lv "libvirt.org/go/libvirt"
 
 	"understudy/actors/resources"
+	"understudy/actors/resources/libvirt"
 	"understudy/actors/resources/libvirt/rules"
 )
 
@@ -21,7 +22,7 @@ func TestTestDriverSharesState(t *testing.T) {
 		testConn(t) // fails with the install hint
 	}
 	b := testConn(t)
-	d, err := a.DomainDefineXML(mustXML(t, NewVM("shared-state").WithType(DomainTest).WithDisk(Disk{Path: "/x.img"})))
+	d, err := a.DomainDefineXML(mustXML(t, libvirt.NewVM("shared-state").WithType(libvirt.DomainTest).WithDisk(libvirt.Disk{Path: "/x.img"})))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,39 +45,41 @@ func TestTestDriverSharesState(t *testing.T) {
 	}
 }
 
-func mustXML(t *testing.T, vm *VM) string {
-	t.Helper()
-	x, err := vm.DomainXML()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return x
-}
-
 // The rendered XML is accepted by a real libvirt and reads back as the
 // same definition.
 func TestDomainXMLAcceptedByLibvirt(t *testing.T) {
 	conn := testConn(t)
-	vm := fullVM().WithType(DomainTest)
+	vm := libvirt.NewVM("db-1").
+		WithType(libvirt.DomainTest).
+		WithVCPUs(4).
+		WithMemoryMiB(4096).
+		WithDisk(libvirt.Disk{Path: "/var/lib/libvirt/images/db-1.qcow2"}).
+		WithDisk(libvirt.Disk{Path: "/dev/vg0/pgdata", Bus: "scsi"}).
+		WithDisk(libvirt.Disk{Path: "/srv/seed.iso", Device: "cdrom"}).
+		WithNIC(libvirt.NIC{Network: "default", MAC: "52:54:00:AA:BB:01"}).
+		WithNIC(libvirt.NIC{Bridge: "br0", Model: "e1000"}).
+		WithCDROM("/srv/install & rescue.iso").
+		WithBoot(libvirt.BootCDROM, libvirt.BootHD, libvirt.BootNetwork)
 	d, err := conn.DomainDefineXML(mustXML(t, vm))
 	if err != nil {
 		t.Fatalf("libvirt refuses the rendered XML: %v", plain(err))
 	}
 	defer d.Free()
 	defer d.Undefine()
-	info, err := inspect(d)
+	st, err := inspect(d)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := definitionOf(vm.domain()).diff(info.saved); len(diff) > 0 {
-		t.Fatalf("libvirt reports a different definition: %v", diff)
+	// No redefinition needed: the definition libvirt reports is vm's.
+	if x, err := vm.Redefinition(st); err != nil || x != "" {
+		t.Fatalf("libvirt reports a different definition (%v); it would be redefined as:\n%s", err, x)
 	}
-	if len(info.status.NICs) != 2 || info.status.NICs[0].MAC != "52:54:00:aa:bb:01" || info.status.NICs[1].MAC == "" {
-		t.Fatalf("NICs: %+v (libvirt gives a MAC to the NIC without one)", info.status.NICs)
+	if len(st.NICs) != 2 || st.NICs[0].MAC != "52:54:00:aa:bb:01" || st.NICs[1].MAC == "" {
+		t.Fatalf("NICs: %+v (libvirt gives a MAC to the NIC without one)", st.NICs)
 	}
 }
 
-func newTestHypervisor(t *testing.T) *Hypervisor {
+func newTestHypervisor(t *testing.T) libvirt.Hypervisor {
 	t.Helper()
 	conns := NewConns(nil)
 	t.Cleanup(func() { conns.Close() })
@@ -120,7 +123,7 @@ func reconcile(t *testing.T, r resources.Reconciler, id string, spec resources.S
 
 func TestVMReconcileDriftRepairDelete(t *testing.T) {
 	behind := testConn(t) // the operator's virsh, behind the agent's back
-	r := NewVMReconciler(newTestHypervisor(t))
+	r := libvirt.NewVMReconciler(newTestHypervisor(t))
 	spec := vmSpecOf(nil)
 
 	if o := observe(t, r, "web", spec); o.InSync || o.Drift != "domain not defined" {
@@ -225,7 +228,7 @@ func TestVMReconcileDriftRepairDelete(t *testing.T) {
 
 func TestVMNameFromSpecOrID(t *testing.T) {
 	behind := testConn(t)
-	r := NewVMReconciler(newTestHypervisor(t))
+	r := libvirt.NewVMReconciler(newTestHypervisor(t))
 	spec := vmSpecOf(map[string]any{"name": "Legacy.VM-01", "state": "shutoff"})
 	reconcile(t, r, "legacy", spec)
 	d, err := behind.LookupDomainByName("Legacy.VM-01")
@@ -240,7 +243,7 @@ func TestVMNameFromSpecOrID(t *testing.T) {
 
 func TestNetworkReconcileDriftRepairDelete(t *testing.T) {
 	behind := testConn(t)
-	r := NewNetworkReconciler(newTestHypervisor(t))
+	r := libvirt.NewNetworkReconciler(newTestHypervisor(t))
 	spec := resources.Spec{"bridge": "virbr7", "ip": "10.77.0.1/24", "dhcp": map[string]any{"start": "10.77.0.100", "end": "10.77.0.199"}}
 
 	if o := observe(t, r, "lab", spec); o.Drift != "network not defined" {
@@ -291,7 +294,7 @@ func TestNetworkReconcileDriftRepairDelete(t *testing.T) {
 
 func TestNetworkBridgeForward(t *testing.T) {
 	testConn(t)
-	r := NewNetworkReconciler(newTestHypervisor(t))
+	r := libvirt.NewNetworkReconciler(newTestHypervisor(t))
 	spec := resources.Spec{"forward": "bridge", "bridge": "br0"}
 	o := reconcile(t, r, "lan", spec)
 	if o.Details["forward"] != "bridge" {
@@ -306,9 +309,9 @@ func TestHypervisorOperations(t *testing.T) {
 	testConn(t)
 	h := newTestHypervisor(t)
 	ctx := context.Background()
-	vm := NewVM("ops").WithType(DomainTest).WithDisk(Disk{Path: "/ops.img"})
-	st, err := h.EnsureVM(ctx, vm, StateShutoff, false)
-	if err != nil || st.State != StateShutoff || !st.Persistent {
+	vm := libvirt.NewVM("ops").WithType(libvirt.DomainTest).WithDisk(libvirt.Disk{Path: "/ops.img"})
+	st, err := h.EnsureVM(ctx, vm, libvirt.StateShutoff, false)
+	if err != nil || st.State != libvirt.StateShutoff || !st.Persistent {
 		t.Fatalf("ensure shut off: %+v %v", st, err)
 	}
 	if err := h.Shutdown(ctx, "ops"); err != nil {
@@ -322,7 +325,7 @@ func TestHypervisorOperations(t *testing.T) {
 			t.Fatalf("start: %v", err)
 		}
 	}
-	if st, _ := h.DomainStatus(ctx, "ops"); st.State != StateRunning {
+	if st, _ := h.DomainStatus(ctx, "ops"); st.State != libvirt.StateRunning {
 		t.Fatalf("after start: %+v", st)
 	}
 	if was, err := h.Destroy(ctx, "ops"); err != nil || !was {
@@ -337,7 +340,7 @@ func TestHypervisorOperations(t *testing.T) {
 	if st, err := h.DomainStatus(ctx, "ops"); err != nil || st.Defined {
 		t.Fatalf("after undefine: %+v %v", st, err)
 	}
-	if err := h.Start(ctx, "ops"); !errors.Is(err, ErrNotFound) {
+	if err := h.Start(ctx, "ops"); !errors.Is(err, libvirt.ErrNotFound) {
 		t.Fatalf("start of an absent domain: %v", err)
 	}
 }
@@ -361,17 +364,17 @@ func TestConnsReconnectAndClose(t *testing.T) {
 	}
 	c.Close()
 	c.release(rules.TestURI, r, false) // closes it now
-	if _, _, err := c.acquire(rules.TestURI); !errors.Is(err, ErrClosed) {
+	if _, _, err := c.acquire(rules.TestURI); !errors.Is(err, libvirt.ErrClosed) {
 		t.Fatalf("after Close: %v", err)
 	}
-	if _, err := c.Hypervisor(rules.TestURI).DomainStatus(context.Background(), "x"); !errors.Is(err, ErrClosed) {
+	if _, err := c.Hypervisor(rules.TestURI).DomainStatus(context.Background(), "x"); !errors.Is(err, libvirt.ErrClosed) {
 		t.Fatalf("after Close: %v", err)
 	}
 }
 
 func TestLibraryMissingError(t *testing.T) {
 	err := plain(lv.Error{Code: lv.ERR_INTERNAL_ERROR, Domain: lv.FROM_NONE, Message: "libvirt.so.0: cannot open shared object file: No such file or directory"})
-	if !errors.Is(err, ErrLibraryMissing) || !strings.Contains(err.Error(), "install the libvirt0 package") {
+	if !errors.Is(err, libvirt.ErrLibraryMissing) || !strings.Contains(err.Error(), "install the libvirt0 package") {
 		t.Fatalf("%v", err)
 	}
 	if err := plain(lv.Error{Code: lv.ERR_NO_DOMAIN, Domain: lv.FROM_DOMAIN, Message: "Domain not found"}); err.Error() != "Domain not found" {

@@ -1,4 +1,4 @@
-package libvirt
+package direct
 
 import (
 	"context"
@@ -10,24 +10,15 @@ import (
 
 	lv "libvirt.org/go/libvirt"
 
+	"understudy/actors/resources/libvirt"
 	"understudy/actors/resources/libvirt/rules"
 )
-
-// ErrLibraryMissing: libvirt.so.0 cannot be loaded. The module is built
-// with libvirt_dlopen, so the library is needed at run time only.
-var ErrLibraryMissing = errors.New("libvirt.so.0 cannot be loaded: install the libvirt0 package (apt-get install libvirt0)")
-
-// ErrNotFound wraps a lookup of a domain or network that does not exist.
-var ErrNotFound = errors.New("not found")
-
-// ErrClosed is returned by a Conns after Close.
-var ErrClosed = errors.New("libvirt connections closed")
 
 // Conns keeps one libvirt connection per URI, opened on first use and
 // reopened when it is found dead (virConnectIsAlive, or a call failing
 // because the connection went away). Safe for concurrent use: libvirt
 // connections are thread-safe, and a connection is closed only once no
-// call uses it.
+// call uses it. Conns is a libvirt.Connector.
 type Conns struct {
 	logger *slog.Logger
 	mu     sync.Mutex
@@ -54,7 +45,7 @@ func (c *Conns) log() *slog.Logger {
 }
 
 // Close closes every connection (those in use once their call returns);
-// later calls fail with ErrClosed. Close is idempotent.
+// later calls fail with libvirt.ErrClosed. Close is idempotent.
 func (c *Conns) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -75,7 +66,7 @@ func (c *Conns) acquire(uri string) (p *pooled, fresh bool, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return nil, false, ErrClosed
+		return nil, false, libvirt.ErrClosed
 	}
 	if p := c.open[uri]; p != nil {
 		if alive, err := p.conn.IsAlive(); err == nil && alive {
@@ -199,12 +190,18 @@ func call[T any](ctx context.Context, c *Conns, uri string, op func(*lv.Connect)
 
 // once opens a connection for a single op and closes it after, all on one
 // goroutine; it returns when op does or ctx ends (the goroutine then
-// finishes and closes on its own). Fence steps use it: a fence must not
-// depend on a connection that sat idle for days.
-func once[T any](ctx context.Context, uri string, op func(*lv.Connect) (T, error)) (T, error) {
+// finishes and closes on its own). Fresh hypervisors (fence steps) use it:
+// a fence must not depend on a connection that sat idle for days.
+func once[T any](ctx context.Context, c *Conns, uri string, op func(*lv.Connect) (T, error)) (T, error) {
 	var zero T
 	if err := ctx.Err(); err != nil {
 		return zero, fmt.Errorf("libvirt %s: not started: %w", uri, err)
+	}
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return zero, libvirt.ErrClosed
 	}
 	type result struct {
 		v   T
@@ -254,14 +251,14 @@ func (e libvirtError) Error() string {
 func (e libvirtError) Unwrap() error { return e.e }
 
 // plain turns a libvirt.Error into one whose text is its message; a
-// missing libvirt.so.0 becomes ErrLibraryMissing.
+// missing libvirt.so.0 becomes libvirt.ErrLibraryMissing.
 func plain(err error) error {
 	var le lv.Error
 	if !errors.As(err, &le) {
 		return err
 	}
 	if le.Domain == lv.FROM_NONE && strings.Contains(le.Message, "libvirt.so.0") {
-		return fmt.Errorf("%w (%s)", ErrLibraryMissing, le.Message)
+		return fmt.Errorf("%w (%s)", libvirt.ErrLibraryMissing, le.Message)
 	}
 	return libvirtError{le}
 }
@@ -278,4 +275,14 @@ func hasCode(err error, codes ...lv.ErrorNumber) bool {
 		}
 	}
 	return false
+}
+
+// LibraryVersion is the version of the libvirt.so.0 this process loaded
+// (major.minor.micro); libvirt.ErrLibraryMissing when it cannot load one.
+func LibraryVersion() (string, error) {
+	v, err := lv.GetVersion()
+	if err != nil {
+		return "", plain(err)
+	}
+	return fmt.Sprintf("%d.%d.%d", v/1000000, v/1000%1000, v%1000), nil
 }
