@@ -41,15 +41,27 @@ type AgentConfig struct {
 	// Podman is how the container kind runs podman (node file:
 	// agent.container).
 	Podman resources.PodmanConfig
+	// CallTimeout bounds each Observe, Reconcile and Delete of a resource
+	// (node file: agent.call_timeout, default 15m): a call that hangs fails
+	// the resource, which is retried with backoff, instead of stalling its
+	// actor for good. A libvirt call cut off this way ends with its driver
+	// process killed. It must cover a resource's init steps together.
+	CallTimeout time.Duration
 	// RetryBase and RetryMax bound the per-resource retry backoff.
 	RetryBase, RetryMax time.Duration
 	// PresenceInterval is how often presence.<agent> is written.
 	PresenceInterval time.Duration
 }
 
+// DefaultAgentCallTimeout is AgentConfig.CallTimeout's default.
+const DefaultAgentCallTimeout = 15 * time.Minute
+
 func (c *AgentConfig) defaults() {
 	if c.ObserveInterval <= 0 {
 		c.ObserveInterval = 30 * time.Second
+	}
+	if c.CallTimeout <= 0 {
+		c.CallTimeout = DefaultAgentCallTimeout
 	}
 	if c.RetryBase <= 0 {
 		c.RetryBase = time.Second
@@ -526,7 +538,9 @@ func (ra *managedActor) Receive(c *actor.Context) {
 			return
 		}
 		if ra.phase == agent.Ready {
-			o, err := ra.rec.Observe(ra.runsCtx(), ra.r.ID, ra.r.Spec)
+			ctx, cancel := ra.callCtx()
+			o, err := ra.rec.Observe(ctx, ra.r.ID, ra.r.Spec)
+			cancel()
 			if err == nil && o.InSync {
 				ra.schedule(c, ra.cfg.ObserveInterval)
 				return
@@ -544,7 +558,9 @@ func (ra *managedActor) Receive(c *actor.Context) {
 			ra.timer.Stop()
 		}
 		if !m.keep {
-			err := ra.rec.Delete(context.Background(), ra.r.ID, ra.r.Spec)
+			ctx, cancel := ra.callCtx()
+			err := ra.rec.Delete(ctx, ra.r.ID, ra.r.Spec)
+			cancel()
 			ev := &agent.Deleted{Agent: ra.agent, ID: ra.r.ID, Kind: ra.r.Kind}
 			if err != nil {
 				ev.Error = err.Error()
@@ -557,8 +573,10 @@ func (ra *managedActor) Receive(c *actor.Context) {
 	}
 }
 
-func (ra *managedActor) runsCtx() context.Context {
-	return resources.WithRuns(context.Background(), runRecorder{ra})
+// callCtx is the context of one reconciler call: it carries the run
+// recorder and ends after CallTimeout.
+func (ra *managedActor) callCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(resources.WithRuns(context.Background(), runRecorder{ra}), ra.cfg.CallTimeout)
 }
 
 // runRecorder records every command a reconciler runs as an agent.Ran event.
@@ -576,7 +594,12 @@ func (r runRecorder) Started(id, step string, command []string) func(int, bool, 
 
 func (ra *managedActor) reconcile(c *actor.Context, drift string) {
 	ra.report(c, agent.ResourceStatus{Phase: agent.Reconciling}, &agent.PhaseChanged{Drift: drift})
-	o, err := ra.rec.Reconcile(ra.runsCtx(), ra.r.ID, ra.r.Spec)
+	ctx, cancel := ra.callCtx()
+	o, err := ra.rec.Reconcile(ctx, ra.r.ID, ra.r.Spec)
+	if err != nil && ctx.Err() != nil {
+		err = fmt.Errorf("reconcile cut off after agent.call_timeout %v: %w", ra.cfg.CallTimeout, err)
+	}
+	cancel()
 	switch {
 	case err == nil && o.InSync:
 		ra.failures = 0

@@ -264,3 +264,15 @@ func TestAgentContainerConfig(t *testing.T) {
 		}
 	}
 }
+
+func TestAgentCallTimeoutConfig(t *testing.T) {
+	dir := t.TempDir()
+	s, err := loadNode(t, dir, "node: n1\nagent: {call_timeout: 2m}\n").resolve()
+	if err != nil || s.agent.CallTimeout != 2*time.Minute {
+		t.Fatalf("%+v %v", s.agent, err)
+	}
+	err = loadNode(t, dir, "node: n1\nagent: {call_timeout: 10ms}\n").Validate()
+	if err == nil || !strings.Contains(err.Error(), "config: agent.call_timeout = 10ms: must be a duration from 1s to 24h") {
+		t.Errorf("%v", err)
+	}
+}

@@ -303,3 +303,27 @@ func TestApplyManifestRefusesBadSpecs(t *testing.T) {
 		}
 	}
 }
+
+// A reconcile that outlives agent.call_timeout fails the resource (and is
+// retried) instead of stalling its actor; the rest of the manifest is not
+// held up.
+func TestAgentCallTimeoutCutsOffAHungReconcile(t *testing.T) {
+	w := startAgentWorld(t, AgentConfig{ID: "n5", CallTimeout: 300 * time.Millisecond, ObserveInterval: time.Second,
+		RetryBase: time.Minute, RetryMax: time.Minute})
+	motd := filepath.Join(t.TempDir(), "motd")
+	m := w.apply(agent.Manifest{Resources: []agent.Resource{
+		res("hung", "process", map[string]any{"command": "sleep", "args": []any{"60"},
+			"init": []any{map[string]any{"name": "wait", "command": "sleep", "args": []any{"60"}, "timeout": "120s"}}}),
+		res("motd", "file", map[string]any{"path": motd, "content": "hi\n"}),
+	}})
+	start := time.Now()
+	s := w.waitStatus("hung failed, motd ready", func(s agent.Status) bool {
+		return s.ManifestGeneration == m.Generation && s.Resources["hung"].Phase == agent.Failed && s.Resources["motd"].Phase == agent.Ready
+	})
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("the cut-off took %v", took)
+	}
+	if e := s.Resources["hung"].Error; !strings.Contains(e, "cut off after agent.call_timeout 300ms") {
+		t.Errorf("error %q", e)
+	}
+}

@@ -221,6 +221,7 @@ type settings struct {
 type AgentSection struct {
 	ID              string `yaml:"id"`               // default: node
 	ObserveInterval string `yaml:"observe_interval"` // default 30s
+	CallTimeout     string `yaml:"call_timeout"`     // default 15m: bounds each observe, reconcile, delete
 	AllowShellJobs  bool   `yaml:"allow_shell_jobs"` // default false
 	LibvirtURI      string `yaml:"libvirt_uri"`      // default qemu:///system
 	// LibvirtDriver is the understudy-libvirt executable, which runs every
@@ -392,6 +393,13 @@ func (c Config) resolve() (settings, error) {
 				bad("agent.observe_interval", "must be a duration from 100ms to 24h", a.ObserveInterval)
 			}
 			ac.ObserveInterval = d
+		}
+		if a.CallTimeout != "" {
+			d, err := time.ParseDuration(a.CallTimeout)
+			if err != nil || d < time.Second || d > 24*time.Hour {
+				bad("agent.call_timeout", "must be a duration from 1s to 24h", a.CallTimeout)
+			}
+			ac.CallTimeout = d
 		}
 		if cs := a.Container; cs != nil {
 			pc := resources.PodmanConfig{Binary: cs.Podman, GlobalArgs: cs.GlobalArgs, Runtime: cs.Runtime, Cgroups: cs.Cgroups, Ulimits: cs.Ulimits}
