@@ -77,9 +77,11 @@ func (c *AgentConfig) defaults() {
 // Agent runs a node agent: a hollywood actor that watches the agent's
 // manifest and one child actor per resource.
 type Agent struct {
-	engine *actor.Engine
-	pid    *actor.PID
-	done   chan struct{}
+	engine   *actor.Engine
+	pid      *actor.PID
+	end      context.CancelFunc // ends the agent's life (agentActor.life)
+	actor    *agentActor
+	stopOnce sync.Once
 }
 
 // Presence is what an agent writes at presence.<agent>.
@@ -159,18 +161,26 @@ func StartAgent(ctx context.Context, nc *nats.Conn, fleetBucket, stream string, 
 	}
 	proc := resources.NewProcess()
 	reg, lv := agentRegistry(cfg, proc, logger)
-	a := &Agent{engine: engine, done: make(chan struct{})}
-	aa := &agentActor{cfg: cfg, nc: nc, kv: kv, log: evlog, logger: logger, reg: reg, libvirt: lv, proc: proc,
-		children: map[string]*actor.PID{}, keys: map[string]string{}, done: a.done,
+	// life ends when Stop begins: every reconciler call in flight is cut
+	// off then, so a stop never waits out a hung call or a long init step.
+	life, end := context.WithCancel(context.Background())
+	aa := &agentActor{cfg: cfg, nc: nc, kv: kv, log: evlog, logger: logger, reg: reg, libvirt: lv, proc: proc, life: life,
+		children: map[string]*actor.PID{}, keys: map[string]string{}, apps: map[string]*appender{},
 		status: agent.Status{Agent: cfg.ID, Resources: map[string]agent.ResourceStatus{}, Conditions: []agent.Condition{}, Version: Version}}
+	a := &Agent{engine: engine, end: end, actor: aa}
 	a.pid = engine.Spawn(func() actor.Receiver { return aa }, "agent", actor.WithID(cfg.ID))
 	return a, nil
 }
 
-// Stop stops the agent, its resource actors and the processes it runs.
+// Stop stops the agent, its resource actors and the processes it runs. It
+// cuts off the reconciler calls in flight, waits for the actors to stop,
+// then closes what they shared (processes, the libvirt driver, appenders).
 func (a *Agent) Stop() {
-	<-a.engine.Poison(a.pid).Done()
-	<-a.done
+	a.stopOnce.Do(func() {
+		a.end()
+		<-a.engine.Poison(a.pid).Done()
+		a.actor.teardown()
+	})
 }
 
 type (
@@ -192,6 +202,7 @@ type (
 // resource actors.
 type agentActor struct {
 	cfg      AgentConfig
+	life     context.Context // ends when Agent.Stop begins
 	nc       *nats.Conn
 	kv       events.KV
 	log      events.Log
@@ -213,7 +224,6 @@ type agentActor struct {
 	// flushQueued: a flushStatus is on its way (see changed).
 	flushQueued bool
 	apps        map[string]*appender
-	done        chan struct{}
 }
 
 func (a *agentActor) Receive(c *actor.Context) {
@@ -252,8 +262,7 @@ func (a *agentActor) changed(c *actor.Context) {
 
 func (a *agentActor) startedAt(c *actor.Context) {
 	a.started = time.Now()
-	a.apps = map[string]*appender{}
-	a.ctx, a.cancel = context.WithCancel(context.Background())
+	a.ctx, a.cancel = context.WithCancel(a.life)
 	if e, err := a.kv.Get(a.ctx, agent.ActualKey(a.cfg.ID)); err == nil {
 		a.rev = e.Revision
 	}
@@ -295,17 +304,23 @@ func (a *agentActor) startedAt(c *actor.Context) {
 	a.logger.Info("agent ready", "manifest_key", agent.DesiredKey(a.cfg.ID), "kinds", a.reg.Kinds())
 }
 
+// stopped ends what startedAt began. It also runs before a restart after
+// a panic (hollywood restarts the same receiver), so what outlives one
+// incarnation — processes, the libvirt driver, appenders — is closed by
+// teardown, once, from Agent.Stop.
 func (a *agentActor) stopped() {
 	if a.sub != nil {
 		_ = a.sub.Unsubscribe()
 	}
 	a.cancel()
+}
+
+func (a *agentActor) teardown() {
 	a.proc.StopAll()
 	_ = a.libvirt.Close() // and with it the libvirt connections
 	for _, ap := range a.apps {
 		ap.stop()
 	}
-	close(a.done)
 }
 
 // command answers device-commands.<agent>.<verb> (on a NATS goroutine).
@@ -411,7 +426,7 @@ func (a *agentActor) onManifest(c *actor.Context, mm manifestMsg) {
 			c.Send(pid, specMsg{r: r, gen: m.Generation})
 		default:
 			a.status.Resources[r.ID] = agent.ResourceStatus{Kind: r.Kind, Phase: agent.Pending, Since: time.Now().UTC(), Generation: m.Generation}
-			ra := &managedActor{agent: a.cfg.ID, cfg: a.cfg, rec: rec, r: r, gen: m.Generation, log: a.appenderFor(r.ID), logger: a.logger.With("resource", r.ID)}
+			ra := &managedActor{agent: a.cfg.ID, cfg: a.cfg, life: a.life, rec: rec, r: r, gen: m.Generation, log: a.appenderFor(r.ID), logger: a.logger.With("resource", r.ID)}
 			a.children[r.ID] = c.SpawnChild(func() actor.Receiver { return ra }, "resource", actor.WithID(r.ID))
 		}
 	}
@@ -501,8 +516,10 @@ type (
 // managedActor reconciles one resource: at start and on every spec,
 // again on a timer (drift), and after failures with backoff.
 type managedActor struct {
+	deleting bool // removed from the manifest; deleting until it succeeds
 	agent    string
 	cfg      AgentConfig
+	life     context.Context // the agent's: its calls end with it
 	rec      resources.Reconciler
 	r        agent.Resource
 	gen      uint64
@@ -519,7 +536,10 @@ type managedActor struct {
 func (ra *managedActor) Receive(c *actor.Context) {
 	switch m := c.Message().(type) {
 	case actor.Started:
-		ra.reconcile(c, "")
+		// Started runs on the spawning agent's goroutine (hollywood starts
+		// a child synchronously): the first reconcile goes through the
+		// inbox, so a slow resource never holds up the agent.
+		c.Send(c.PID(), managedTick{n: ra.tick})
 	case actor.Stopped:
 		if ra.timer != nil {
 			ra.timer.Stop()
@@ -527,8 +547,9 @@ func (ra *managedActor) Receive(c *actor.Context) {
 	case specMsg:
 		changed := agent.SpecKey(m.r) != agent.SpecKey(ra.r)
 		ra.r, ra.gen = m.r, m.gen
-		if changed {
-			ra.failures = 0
+		if changed || ra.deleting {
+			// Back in the manifest while its delete was failing: reconcile.
+			ra.deleting, ra.failures = false, 0
 			ra.reconcile(c, "spec changed")
 		} else {
 			ra.report(c, ra.last, nil) // the same outcome, for the new generation
@@ -537,7 +558,10 @@ func (ra *managedActor) Receive(c *actor.Context) {
 		if m.n != ra.tick {
 			return
 		}
-		if ra.phase == agent.Ready {
+		switch {
+		case ra.deleting:
+			ra.delete(c)
+		case ra.phase == agent.Ready:
 			ctx, cancel := ra.callCtx()
 			o, err := ra.rec.Observe(ctx, ra.r.ID, ra.r.Spec)
 			cancel()
@@ -550,33 +574,52 @@ func (ra *managedActor) Receive(c *actor.Context) {
 				drift = err.Error()
 			}
 			ra.reconcile(c, drift)
-			return
+		default:
+			ra.reconcile(c, "")
 		}
-		ra.reconcile(c, "")
 	case deleteResource:
 		if ra.timer != nil {
 			ra.timer.Stop()
 		}
-		if !m.keep {
-			ctx, cancel := ra.callCtx()
-			err := ra.rec.Delete(ctx, ra.r.ID, ra.r.Spec)
-			cancel()
-			ev := &agent.Deleted{Agent: ra.agent, ID: ra.r.ID, Kind: ra.r.Kind}
-			if err != nil {
-				ev.Error = err.Error()
-				ra.logger.Error("resource delete failed", "err", err)
-			}
-			ra.log.add(ev)
-			c.Send(c.Parent(), resourceGone{id: ra.r.ID})
+		if m.keep {
+			c.Engine().Poison(c.PID())
+			return
 		}
-		c.Engine().Poison(c.PID())
+		ra.deleting, ra.failures = true, 0
+		ra.delete(c)
 	}
+}
+
+// delete removes the resource; a failed delete is reported (Failed, with
+// the error) and retried with backoff until it succeeds or the resource
+// returns to the manifest — what it left behind is never forgotten.
+func (ra *managedActor) delete(c *actor.Context) {
+	ctx, cancel := ra.callCtx()
+	err := ra.rec.Delete(ctx, ra.r.ID, ra.r.Spec)
+	cancel()
+	if err != nil {
+		if ra.life.Err() != nil {
+			return // the agent is stopping: the next one deletes it
+		}
+		ra.failures++
+		wait := agent.Backoff(ra.failures, ra.cfg.RetryBase, ra.cfg.RetryMax)
+		retry := time.Now().Add(wait).UTC()
+		msg := "delete failed: " + err.Error()
+		ra.log.add(&agent.Deleted{Agent: ra.agent, ID: ra.r.ID, Kind: ra.r.Kind, Error: err.Error()})
+		ra.report(c, agent.ResourceStatus{Phase: agent.Failed, Error: msg, RetryAfter: &retry, Failures: ra.failures}, nil)
+		ra.logger.Warn("resource delete failed; retrying", "kind", ra.r.Kind, "retry_in", wait, "failures", ra.failures, "err", err)
+		ra.schedule(c, wait)
+		return
+	}
+	ra.log.add(&agent.Deleted{Agent: ra.agent, ID: ra.r.ID, Kind: ra.r.Kind})
+	c.Send(c.Parent(), resourceGone{id: ra.r.ID})
+	c.Engine().Poison(c.PID())
 }
 
 // callCtx is the context of one reconciler call: it carries the run
 // recorder and ends after CallTimeout.
 func (ra *managedActor) callCtx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(resources.WithRuns(context.Background(), runRecorder{ra}), ra.cfg.CallTimeout)
+	return context.WithTimeout(resources.WithRuns(ra.life, runRecorder{ra}), ra.cfg.CallTimeout)
 }
 
 // runRecorder records every command a reconciler runs as an agent.Ran event.

@@ -327,3 +327,66 @@ func TestAgentCallTimeoutCutsOffAHungReconcile(t *testing.T) {
 		t.Errorf("error %q", e)
 	}
 }
+
+// A resource's first reconcile runs on its own actor: a slow one holds up
+// neither the rest of the manifest nor the agent's status, and Stop cuts
+// the call in flight off instead of waiting it out.
+func TestAgentSlowResourceHoldsUpNothing(t *testing.T) {
+	w := startAgentWorld(t, AgentConfig{ID: "n6", ObserveInterval: time.Hour})
+	motd := filepath.Join(t.TempDir(), "motd")
+	m := w.apply(agent.Manifest{Resources: []agent.Resource{
+		res("slow", "process", map[string]any{"command": "sleep", "args": []any{"60"},
+			"init": []any{map[string]any{"name": "wait", "command": "sleep", "args": []any{"60"}, "timeout": "120s"}}}),
+		res("motd", "file", map[string]any{"path": motd, "content": "hi\n"}),
+	}})
+	w.waitStatus("motd ready while slow is still reconciling", func(s agent.Status) bool {
+		return s.ManifestGeneration == m.Generation && s.Resources["motd"].Phase == agent.Ready && s.Resources["slow"].Phase == agent.Reconciling
+	})
+	start := time.Now()
+	w.a.Stop()
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("Stop waited %v for the init step in flight", took)
+	}
+}
+
+// A delete that fails is reported and retried until it succeeds: what a
+// manifest dropped is never forgotten.
+func TestAgentRetriesAFailedDelete(t *testing.T) {
+	w := startAgentWorld(t, AgentConfig{ID: "n7", ObserveInterval: time.Hour, RetryBase: 50 * time.Millisecond, RetryMax: 100 * time.Millisecond})
+	dir := t.TempDir()
+	motd := filepath.Join(dir, "motd")
+	keep := filepath.Join(dir, "keep")
+	m1 := w.apply(agent.Manifest{Resources: []agent.Resource{
+		res("motd", "file", map[string]any{"path": motd, "content": "hi\n"}),
+		res("keep", "file", map[string]any{"path": keep, "content": "x\n"}),
+	}})
+	w.waitStatus("converged", func(s agent.Status) bool { return s.ManifestGeneration == m1.Generation && s.Converged() })
+	// A non-empty directory where the file was: removing it fails.
+	if err := os.Remove(motd); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(motd, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m := w.apply(agent.Manifest{Resources: []agent.Resource{res("keep", "file", map[string]any{"path": keep, "content": "x\n"})}})
+	s := w.waitStatus("the failed delete reported", func(s agent.Status) bool {
+		r := s.Resources["motd"]
+		return s.ManifestGeneration == m.Generation && r.Phase == agent.Failed && r.Failures >= 2
+	})
+	if e := s.Resources["motd"].Error; !strings.Contains(e, "delete failed") || !strings.Contains(e, "directory not empty") {
+		t.Errorf("error %q", e)
+	}
+	if s.Converged() {
+		t.Error("converged while a dropped resource is still there")
+	}
+	if err := os.Remove(filepath.Join(motd, "sub")); err != nil {
+		t.Fatal(err)
+	}
+	w.waitStatus("deleted at last", func(s agent.Status) bool {
+		_, has := s.Resources["motd"]
+		return !has && s.Converged() && s.ObservedGeneration == m.Generation
+	})
+	if _, err := os.Stat(motd); !os.IsNotExist(err) {
+		t.Errorf("motd still there: %v", err)
+	}
+}
