@@ -6,8 +6,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"maps"
+	"net/netip"
 	"os"
 	"os/exec"
 	"regexp"
@@ -135,7 +136,7 @@ func NewContainer(cfg PodmanConfig) *Container {
 	}
 	global := slices.Clone(cfg.GlobalArgs)
 	if cfg.Runtime != "" {
-		global = append(global, "--runtime", cfg.Runtime)
+		global = append(global, "--runtime="+cfg.Runtime)
 	}
 	return &Container{cfg: cfg, base: append([]string{bin}, global...), podman: execPodman{env: cfg.Env}}
 }
@@ -170,27 +171,44 @@ func (*Container) Kind() string { return "container" }
 
 func (c *Container) Validate(spec Spec) error { _, err := c.spec(spec); return err }
 
+// MinCallTime is the call time a reconcile of spec must be given so that
+// each init container can use its whole timeout: the sum of the steps'
+// timeouts. A call bounded more tightly (agent.call_timeout) can cut a
+// step off before its own timeout, so the agent can refuse such a
+// resource. An invalid spec gives 0 (Validate says why).
+func (c *Container) MinCallTime(spec Spec) time.Duration {
+	s, err := c.spec(spec)
+	if err != nil {
+		return 0
+	}
+	var sum time.Duration
+	for _, st := range s.Init {
+		sum += st.Timeout
+	}
+	return sum
+}
+
 func (*Container) spec(spec Spec) (containerSpec, error) {
-	r := newSpecReader("container", spec)
+	r := NewSpecReader("container", spec)
 	var s containerSpec
-	s.Image = r.str("image", true)
-	s.Command = r.str("command", false)
-	s.Args = r.strs("args")
-	s.Env = r.strMap("env")
-	s.Restart = r.oneOf("restart", "always", "always", "on-failure", "never")
-	s.Network = r.str("network", false)
-	s.Ports = r.strs("ports")
-	s.Volumes = r.strs("volumes")
-	s.StopTimeout = r.duration("stop_timeout", 0)
+	s.Image = r.Str("image", true)
+	s.Command = r.Str("command", false)
+	s.Args = r.Strs("args")
+	s.Env = r.StrMap("env")
+	s.Restart = r.OneOf("restart", "always", "always", "on-failure", "never")
+	s.Network = r.Str("network", false)
+	s.Ports = r.Strs("ports")
+	s.Volumes = r.Strs("volumes")
+	s.StopTimeout = r.Duration("stop_timeout", 0)
 	names := map[string]bool{}
-	for i, st := range r.list("init") {
-		sr := r.sub(fmt.Sprintf("init[%d].", i), st)
-		step := containerInit{Name: sr.str("name", true), Image: sr.str("image", false)}
-		step.Command = sr.str("command", false)
-		step.Args = sr.strs("args")
-		step.Env = sr.strMap("env")
-		step.Timeout = sr.duration("timeout", DefaultInitTimeout)
-		if err := sr.done(); err != nil {
+	for i, st := range r.List("init") {
+		sr := r.Sub(fmt.Sprintf("init[%d].", i), st)
+		step := containerInit{Name: sr.Str("name", true), Image: sr.Str("image", false)}
+		step.Command = sr.Str("command", false)
+		step.Args = sr.Strs("args")
+		step.Env = sr.StrMap("env")
+		step.Timeout = sr.Duration("timeout", DefaultInitTimeout)
+		if err := sr.Done(); err != nil {
 			return s, err
 		}
 		field := fmt.Sprintf("init[%d].name", i)
@@ -201,20 +219,239 @@ func (*Container) spec(spec Spec) (containerSpec, error) {
 			return s, &SpecError{"container", field, "init step names must be unique (" + step.Name + ")"}
 		}
 		names[step.Name] = true
-		if step.Image == "" {
-			step.Image = s.Image
-		}
 		s.Init = append(s.Init, step)
 	}
-	if err := r.done(); err != nil {
+	if err := r.Done(); err != nil {
 		return s, err
 	}
-	for k := range s.Env {
-		if k == "" || strings.Contains(k, "=") {
-			return s, &SpecError{"container", "env." + k, "must be a variable name"}
+	if err := checkRun("", s.Image, s.Command, s.Args, s.Env); err != nil {
+		return s, err
+	}
+	if s.Network != "" {
+		if rule := networkRule(s.Network); rule != "" {
+			return s, &SpecError{"container", "network", rule}
+		}
+	}
+	for i, p := range s.Ports {
+		if rule := portRule(p); rule != "" {
+			return s, &SpecError{"container", fmt.Sprintf("ports[%d]", i), rule}
+		}
+	}
+	for i, v := range s.Volumes {
+		if rule := volumeRule(v); rule != "" {
+			return s, &SpecError{"container", fmt.Sprintf("volumes[%d]", i), rule}
+		}
+	}
+	for i := range s.Init {
+		st := &s.Init[i]
+		prefix := fmt.Sprintf("init[%d].", i)
+		if st.Image == "" {
+			st.Image = s.Image
+		}
+		if err := checkRun(prefix, st.Image, st.Command, st.Args, st.Env); err != nil {
+			return s, err
 		}
 	}
 	return s, nil
+}
+
+// Every user string reaches podman as a value: after its flag in the
+// --flag=value form, or after "--" (the image, then the container's
+// arguments, which podman passes to the container whatever they look like).
+// The rules below refuse at Validate what podman would refuse at run time,
+// and anything that would read as something else.
+
+// imageRule is the image reference grammar ([registry[:port]/]path[:tag]
+// [@sha256:hex], after github.com/distribution/reference): it never starts
+// with '-' and holds no whitespace.
+var imageRule = func() *regexp.Regexp {
+	const (
+		label  = `[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?`
+		host   = `(?:` + label + `(?:\.` + label + `)*|\[[a-fA-F0-9:]+\])(?::[0-9]{1,5})?`
+		part   = `[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*`
+		tag    = `[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,127}`
+		digest = `sha256:[a-f0-9]{64}`
+	)
+	return regexp.MustCompile(`^(?:` + host + `/)?` + part + `(?:/` + part + `)*(?::` + tag + `)?(?:@` + digest + `)?$`)
+}()
+
+// envNameRule is a portable environment variable name.
+var envNameRule = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// checkRun checks what one container runs (the service's, or an init
+// step's with prefix "init[i].").
+func checkRun(prefix, image, command string, args []string, env map[string]string) error {
+	fail := func(field, rule string) error { return &SpecError{"container", prefix + field, rule} }
+	name, _, _ := strings.Cut(image, "@")
+	if i := strings.LastIndex(name, ":"); i > strings.LastIndex(name, "/") {
+		name = name[:i] // the tag
+	}
+	if !imageRule.MatchString(image) || len(name) > 255 {
+		return fail("image", "must be an image reference [registry[:port]/]path[:tag][@sha256:digest] of at most 255 characters before the tag, "+
+			"path in lower case letters, digits and separators, not starting with '-' (got "+strconv.Quote(image)+")")
+	}
+	if strings.ContainsRune(command, 0) {
+		return fail("command", "must not contain a NUL byte")
+	}
+	for i, a := range args {
+		if strings.ContainsRune(a, 0) {
+			return fail(fmt.Sprintf("args[%d]", i), "must not contain a NUL byte")
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		if !envNameRule.MatchString(k) {
+			return fail("env."+k, "must be a variable name: letters, digits and '_', not starting with a digit")
+		}
+		if strings.ContainsRune(env[k], 0) {
+			return fail("env."+k, "must not contain a NUL byte")
+		}
+	}
+	return nil
+}
+
+// networkRule checks a podman --network value: "" when podman can take it.
+func networkRule(n string) string {
+	const rule = "must be none, host, bridge, private, slirp4netns, container:NAME, ns:/PATH, or a network name " +
+		"(letters, digits, '_', '.', '-', starting with a letter or digit)"
+	switch {
+	case slices.Contains([]string{"none", "host", "bridge", "private", "slirp4netns"}, n):
+		return ""
+	case strings.HasPrefix(n, "container:"):
+		if !containerNameRule.MatchString(strings.TrimPrefix(n, "container:")) {
+			return rule + " (got " + strconv.Quote(n) + ": not a container name)"
+		}
+		return ""
+	case strings.HasPrefix(n, "ns:"):
+		if p := strings.TrimPrefix(n, "ns:"); !strings.HasPrefix(p, "/") || strings.ContainsRune(p, 0) {
+			return rule + " (got " + strconv.Quote(n) + ": not an absolute path)"
+		}
+		return ""
+	case containerNameRule.MatchString(n):
+		return ""
+	}
+	return rule + " (got " + strconv.Quote(n) + ")"
+}
+
+// portRule checks a podman --publish value,
+// [[ip:][hostPort]:]containerPort[/protocol]: "" when podman can take it.
+func portRule(p string) string {
+	bad := func(why string) string {
+		return "must be [[ip:][hostPort]:]containerPort[/tcp|udp|sctp], ports 1-65535 or ranges such as 8000-8010 (got " +
+			strconv.Quote(p) + ": " + why + ")"
+	}
+	spec, proto, hasProto := strings.Cut(p, "/")
+	if hasProto && !slices.Contains([]string{"tcp", "udp", "sctp"}, strings.ToLower(proto)) {
+		return bad("unknown protocol " + strconv.Quote(proto))
+	}
+	var ip, hostPorts, ctrPorts string
+	if rest, ok := strings.CutPrefix(spec, "["); ok {
+		addr, ports, ok := strings.Cut(rest, "]:")
+		if a, err := netip.ParseAddr(addr); !ok || err != nil || !a.Is6() {
+			return bad("not an IPv6 address in brackets")
+		}
+		if hostPorts, ctrPorts, ok = strings.Cut(ports, ":"); !ok {
+			return bad("an address needs a host port (or none) and a container port")
+		}
+		ip = addr
+	} else {
+		parts := strings.Split(spec, ":")
+		switch len(parts) {
+		case 1:
+			ctrPorts = parts[0]
+		case 2:
+			hostPorts, ctrPorts = parts[0], parts[1]
+		case 3:
+			ip, hostPorts, ctrPorts = parts[0], parts[1], parts[2]
+			if a, err := netip.ParseAddr(ip); err != nil || !a.Is4() {
+				return bad("not an IPv4 address " + strconv.Quote(ip))
+			}
+		default:
+			return bad("too many ':'")
+		}
+	}
+	ctrN, why := portRange(ctrPorts)
+	if why != "" {
+		return bad("container port " + why)
+	}
+	if hostPorts == "" {
+		return ""
+	}
+	hostN, why := portRange(hostPorts)
+	if why != "" {
+		return bad("host port " + why)
+	}
+	if hostN != ctrN {
+		return bad(fmt.Sprintf("the host range has %d ports, the container range %d", hostN, ctrN))
+	}
+	return ""
+}
+
+// portRange parses a port (80) or a range (8000-8010) and returns how many
+// ports it holds, or why it is not one.
+func portRange(s string) (int, string) {
+	port := func(s string) (int, bool) {
+		n, err := strconv.Atoi(s)
+		return n, err == nil && s != "" && s[0] != '+' && s[0] != '-' && n >= 1 && n <= 65535
+	}
+	lo, hi, isRange := strings.Cut(s, "-")
+	a, ok := port(lo)
+	if !ok {
+		return 0, strconv.Quote(s) + " is not a port 1-65535"
+	}
+	if !isRange {
+		return 1, ""
+	}
+	b, ok := port(hi)
+	if !ok || b <= a {
+		return 0, strconv.Quote(s) + " is not a range low-high of ports 1-65535"
+	}
+	return b - a + 1, ""
+}
+
+// volumeOptions are podman's --volume options; at most one of each group.
+var volumeOptions = [][]string{
+	{"ro", "rw"}, {"z", "Z", "O"}, {"U"}, {"copy", "nocopy"}, {"suid", "nosuid"}, {"dev", "nodev"},
+	{"exec", "noexec"}, {"bind", "rbind"}, {"idmap"},
+	{"shared", "rshared", "private", "rprivate", "slave", "rslave", "unbindable", "runbindable"},
+}
+
+// volumeRule checks a podman --volume value, src:dst[:options]: "" when
+// podman can take it.
+func volumeRule(v string) string {
+	bad := func(why string) string {
+		return "must be src:dst[:options], src an absolute path or a volume name, dst an absolute path, " +
+			"options from ro, rw, z, Z, O, U, copy, nocopy, [no]suid, [no]dev, [no]exec, [r]bind, [r]shared, [r]private, [r]slave, [r]unbindable, idmap (got " +
+			strconv.Quote(v) + ": " + why + ")"
+	}
+	parts := strings.Split(v, ":")
+	if len(parts) < 2 || len(parts) > 3 {
+		return bad("not two or three parts")
+	}
+	src, dst := parts[0], parts[1]
+	switch {
+	case strings.ContainsRune(v, 0):
+		return bad("a NUL byte")
+	case strings.HasPrefix(src, "/"):
+	case !containerNameRule.MatchString(src):
+		return bad("src is neither an absolute path nor a volume name (letters, digits, '_', '.', '-', starting with a letter or digit)")
+	}
+	if !strings.HasPrefix(dst, "/") {
+		return bad("dst is not an absolute path")
+	}
+	if len(parts) == 3 {
+		used := map[int]string{}
+		for _, o := range strings.Split(parts[2], ",") {
+			g := slices.IndexFunc(volumeOptions, func(group []string) bool { return slices.Contains(group, o) })
+			if g < 0 {
+				return bad("unknown option " + strconv.Quote(o))
+			}
+			if prev, ok := used[g]; ok {
+				return bad("options " + prev + " and " + o + " exclude each other")
+			}
+			used[g] = o
+		}
+	}
+	return ""
 }
 
 // hash identifies a spec in the LabelSpec label: a changed spec is drift.
@@ -298,7 +535,7 @@ type inspected struct {
 
 // inspect returns the named container, or nil when there is none.
 func (c *Container) inspect(ctx context.Context, name string) (*inspected, error) {
-	res, err := c.run(ctx, "container", "inspect", "--format", "json", name)
+	res, err := c.run(ctx, "container", "inspect", "--format=json", "--", name)
 	if err != nil {
 		return nil, err
 	}
@@ -320,9 +557,9 @@ type listed struct {
 
 // list returns the containers matching filters (same key: any of them).
 func (c *Container) list(ctx context.Context, filters ...string) ([]listed, error) {
-	args := []string{"ps", "--all", "--format", "json"}
+	args := []string{"ps", "--all", "--format=json"}
 	for _, f := range filters {
-		args = append(args, "--filter", f)
+		args = append(args, "--filter="+f)
 	}
 	res, err := c.must(ctx, args...)
 	if err != nil {
@@ -378,7 +615,7 @@ func (c *Container) observe(ctx context.Context, id string, s containerSpec) (Ob
 		return Observation{Drift: "spec changed", Details: d}, nil
 	}
 	// The tag may now name another image (a new import or pull).
-	if res, err := c.run(ctx, "image", "inspect", "--format", "{{.Id}}", s.Image); err == nil && res.Exit == 0 {
+	if res, err := c.run(ctx, "image", "inspect", "--format={{.Id}}", "--", s.Image); err == nil && res.Exit == 0 {
 		if now := strings.TrimSpace(res.Stdout); now != "" && now != ct.Image {
 			return Observation{Drift: fmt.Sprintf("image changed: %s is now %s, the container runs %s", s.Image, shortID(now), shortID(ct.Image)), Details: d}, nil
 		}
@@ -435,20 +672,20 @@ func (c *Container) Reconcile(ctx context.Context, id string, spec Spec) (Observ
 		}
 		done = append(done, st.Name)
 	}
-	args := []string{"run", "--detach", "--name", serviceName(id),
-		"--restart", map[string]string{"always": "always", "on-failure": "on-failure", "never": "no"}[s.Restart],
-		"--label", LabelResource + "=" + id, "--label", LabelRole + "=service", "--label", LabelSpec + "=" + hash}
+	args := []string{"run", "--detach", "--name=" + serviceName(id),
+		"--restart=" + map[string]string{"always": "always", "on-failure": "on-failure", "never": "no"}[s.Restart],
+		"--label=" + LabelResource + "=" + id, "--label=" + LabelRole + "=service", "--label=" + LabelSpec + "=" + hash}
 	if len(done) > 0 {
-		args = append(args, "--label", LabelInitCompleted+"="+strings.Join(done, ","))
+		args = append(args, "--label="+LabelInitCompleted+"="+strings.Join(done, ","))
 	}
 	if s.StopTimeout > 0 {
-		args = append(args, "--stop-timeout", strconv.Itoa(int((s.StopTimeout+time.Second-1)/time.Second)))
+		args = append(args, "--stop-timeout="+strconv.Itoa(int((s.StopTimeout+time.Second-1)/time.Second)))
 	}
 	for _, p := range s.Ports {
-		args = append(args, "--publish", p)
+		args = append(args, "--publish="+p)
 	}
 	args = append(args, c.runArgs(s, s.Command, s.Env)...)
-	args = append(args, s.Image)
+	args = append(args, "--", s.Image)
 	args = append(args, s.Args...)
 	if _, err := c.must(ctx, args...); err != nil {
 		return Observation{Drift: "not running"}, fmt.Errorf("start container %s: %w", serviceName(id), err)
@@ -458,31 +695,26 @@ func (c *Container) Reconcile(ctx context.Context, id string, spec Spec) (Observ
 
 // runArgs are the podman run flags shared by init and service containers:
 // the node's limits, then the resource's network, volumes, environment and
-// entrypoint.
+// entrypoint, each as --flag=value.
 func (c *Container) runArgs(s containerSpec, command string, env map[string]string) []string {
 	var args []string
 	if c.cfg.Cgroups != "" {
-		args = append(args, "--cgroups", c.cfg.Cgroups)
+		args = append(args, "--cgroups="+c.cfg.Cgroups)
 	}
 	for _, u := range c.cfg.Ulimits {
-		args = append(args, "--ulimit", u)
+		args = append(args, "--ulimit="+u)
 	}
 	if s.Network != "" {
-		args = append(args, "--network", s.Network)
+		args = append(args, "--network="+s.Network)
 	}
 	for _, v := range s.Volumes {
-		args = append(args, "--volume", v)
+		args = append(args, "--volume="+v)
 	}
-	keys := make([]string, 0, len(env))
-	for k := range env {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		args = append(args, "--env", k+"="+env[k])
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		args = append(args, "--env="+k+"="+env[k])
 	}
 	if command != "" {
-		args = append(args, "--entrypoint", command)
+		args = append(args, "--entrypoint="+command)
 	}
 	return args
 }
@@ -516,46 +748,48 @@ func (c *Container) removePrior(ctx context.Context, id string, names []string) 
 	if len(ids) == 0 {
 		return nil
 	}
-	_, err = c.must(ctx, append([]string{"rm", "--force", "--ignore"}, ids...)...)
+	_, err = c.must(ctx, append([]string{"rm", "--force", "--ignore", "--"}, ids...)...)
 	return err
 }
 
 // runInit runs init step i to completion within its timeout: Exited{code}
-// (an error when not 0) or TimedOut{waited} (the container is killed and
-// kept, like every init container, for podman logs).
+// (an error when not 0), TimedOut{waited}, or cut off when ctx (the call's
+// bound) ends first (a *cutOffError with the real wait). A container timed
+// out or cut off is killed and kept, like every init container, for
+// podman logs.
 func (c *Container) runInit(ctx context.Context, id string, i int, st containerInit, s containerSpec, hash string) error {
 	name := initName(id, st.Name)
-	args := []string{"run", "--detach", "--name", name, "--restart", "no",
-		"--label", LabelResource + "=" + id, "--label", LabelRole + "=init", "--label", LabelSpec + "=" + hash,
-		"--label", LabelInit + "=" + st.Name, "--label", LabelInitOrder + "=" + strconv.Itoa(i)}
+	args := []string{"run", "--detach", "--name=" + name, "--restart=no",
+		"--label=" + LabelResource + "=" + id, "--label=" + LabelRole + "=init", "--label=" + LabelSpec + "=" + hash,
+		"--label=" + LabelInit + "=" + st.Name, "--label=" + LabelInitOrder + "=" + strconv.Itoa(i)}
 	args = append(args, c.runArgs(s, st.Command, st.Env)...)
-	args = append(args, st.Image)
+	args = append(args, "--", st.Image)
 	args = append(args, st.Args...)
 	done := runsOf(ctx).Started(id, st.Name, redactEnv(c.argv(args)))
 
-	tctx, cancel := context.WithTimeout(ctx, st.Timeout)
-	defer cancel()
-	res, err := c.run(tctx, args...)
+	b := newStepBound(ctx, st.Timeout)
+	defer b.stop()
+	res, err := c.run(b.ctx, args...)
 	if err == nil && res.Exit != 0 {
 		msg := podmanError(res)
 		done(-1, false, msg)
 		return fmt.Errorf("could not start: %s", msg)
 	}
 	if err == nil {
-		res, err = c.run(tctx, "wait", name)
-	}
-	if errors.Is(tctx.Err(), context.DeadlineExceeded) {
-		// The step's time is up, not the caller's: stop it with a fresh bound.
-		kctx, kcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer kcancel()
-		_, _ = c.run(kctx, "kill", "--signal", "KILL", name)
-		msg := fmt.Sprintf("timed out: waited %v", st.Timeout)
-		done(-1, true, msg)
-		return errors.New(msg)
+		res, err = c.run(b.ctx, "wait", "--", name)
 	}
 	if err != nil {
-		done(-1, false, err.Error())
-		return err
+		end := b.ended()
+		if end == nil {
+			done(-1, false, err.Error())
+			return err
+		}
+		// The step's time or the call's is up: stop it with a fresh bound.
+		kctx, kcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer kcancel()
+		_, _ = c.run(kctx, "kill", "--signal=KILL", "--", name)
+		done(-1, true, end.Error())
+		return end
 	}
 	code, perr := strconv.Atoi(strings.TrimSpace(res.Stdout))
 	if res.Exit != 0 || perr != nil {
@@ -575,10 +809,13 @@ func (c *Container) runInit(ctx context.Context, id string, i int, st containerI
 // goes to the event log, and env often carries passwords.
 func redactEnv(argv []string) []string {
 	out := slices.Clone(argv)
-	for i := 1; i < len(out); i++ {
-		if out[i-1] == "--env" {
-			k, _, _ := strings.Cut(out[i], "=")
-			out[i] = k + "=***"
+	for i, a := range out {
+		if rest, ok := strings.CutPrefix(a, "--env="); ok {
+			k, _, _ := strings.Cut(rest, "=")
+			out[i] = "--env=" + k + "=***"
+		}
+		if a == "--" {
+			break // the container's own arguments follow
 		}
 	}
 	return out
@@ -586,7 +823,7 @@ func redactEnv(argv []string) []string {
 
 // logs is the tail of a container's output (stdout, then stderr).
 func (c *Container) logs(ctx context.Context, name string) string {
-	res, err := c.run(ctx, "logs", "--tail", "50", name)
+	res, err := c.run(ctx, "logs", "--tail=50", "--", name)
 	if err != nil || res.Exit != 0 {
 		return ""
 	}
@@ -606,7 +843,7 @@ func (c *Container) Delete(ctx context.Context, id string, _ Spec) error {
 	if len(ours) == 0 {
 		return nil
 	}
-	args := []string{"rm", "--force", "--ignore"}
+	args := []string{"rm", "--force", "--ignore", "--"}
 	for _, ct := range ours {
 		args = append(args, ct.ID)
 	}

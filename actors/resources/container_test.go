@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -206,8 +207,8 @@ func TestContainerInitThenService(t *testing.T) {
 	if len(runs.runs) != 2 || runs.runs[0] != "web|one|exited 0|did one" || runs.runs[1] != "web|two|exited 0|" {
 		t.Errorf("runs %q", runs.runs)
 	}
-	if cmd := strings.Join(runs.cmds[1], " "); !strings.HasPrefix(cmd, "podman --root ") || !strings.Contains(cmd, " --runtime runc ") ||
-		!strings.Contains(cmd, " --restart no ") || !strings.Contains(cmd, " --env STEP=*** ") {
+	if cmd := strings.Join(runs.cmds[1], " "); !strings.HasPrefix(cmd, "podman --root ") || !strings.Contains(cmd, " --runtime=runc ") ||
+		!strings.Contains(cmd, " --restart=no ") || !strings.Contains(cmd, " --env=STEP=*** ") {
 		t.Errorf("audited command (env values hidden): %s", cmd)
 	}
 	// Init containers are kept, labelled, filterable, never restarted.
@@ -390,6 +391,359 @@ func TestContainerSpecRules(t *testing.T) {
 	}
 	if err := (PodmanConfig{Runtime: "runc", Cgroups: "disabled", Ulimits: []string{"host", "nproc=1024:2048"}}).Validate(); err != nil {
 		t.Error(err)
+	}
+}
+
+// Every rule of the container spec, with the field it names. The first
+// case is the injection the rules exist for: an image that reads as a flag,
+// and arguments that would then name another image.
+func TestContainerSpecValueRules(t *testing.T) {
+	c := NewContainer(PodmanConfig{})
+	digest := "sha256:" + strings.Repeat("ab", 32)
+	step := func(kv ...any) Spec {
+		m := map[string]any{"name": "prep"}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i].(string)] = kv[i+1]
+		}
+		return Spec{"image": "alpine", "init": []any{m}}
+	}
+	with := func(field string, v any) Spec { return Spec{"image": "alpine", field: v} }
+	for _, tc := range []struct {
+		spec  Spec
+		field string // "" when the spec is valid
+		rule  string
+	}{
+		{Spec{"image": "--privileged", "args": []any{"docker.io/library/alpine", "sh"}}, "image", "must be an image reference"},
+		// image
+		{with("image", "-alpine"), "image", `not starting with '-' (got "-alpine")`},
+		{with("image", "alpine latest"), "image", "must be an image reference"},
+		{with("image", "alpine\n"), "image", "must be an image reference"},
+		{with("image", "Alpine"), "image", "path in lower case"},
+		{with("image", "alpine:"), "image", "must be an image reference"},
+		{with("image", "alpine:-x"), "image", "must be an image reference"},
+		{with("image", "alpine:a:b"), "image", "must be an image reference"},
+		{with("image", "alpine@sha256:abc"), "image", "must be an image reference"},
+		{with("image", "alpine@md5:"+strings.Repeat("ab", 16)), "image", "must be an image reference"},
+		{with("image", "docker://alpine"), "image", "must be an image reference"},
+		{with("image", "a//b"), "image", "must be an image reference"},
+		{with("image", "a/"+strings.Repeat("b", 255)), "image", "must be an image reference"},
+		{with("image", "a/"+strings.Repeat("b", 253)+":"+strings.Repeat("t", 128)), "", ""},
+		{with("image", "alpine"), "", ""},
+		{with("image", "alpine:3.19"), "", ""},
+		{with("image", "docker.io/library/alpine:3.19@"+digest), "", ""},
+		{with("image", "alpine@"+digest), "", ""},
+		{with("image", "localhost:5000/team/my_app-x__y.z:v1.2_rc"), "", ""},
+		{with("image", "Registry.Example.com/a/b"), "", ""},
+		{with("image", "[::1]:5000/a"), "", ""},
+		{with("image", strings.Repeat("ab", 32)), "", ""}, // an image id
+		// init step images and arguments
+		{step("image", "--privileged"), "init[0].image", "must be an image reference"},
+		{step("image", "busy box"), "init[0].image", "must be an image reference"},
+		{step("image", "docker.io/library/busybox:1.36"), "", ""},
+		{step("args", []any{"-R", "--privileged"}), "", ""}, // after the image: the container's own arguments
+		{step("args", []any{"ok", "a\x00b"}), "init[0].args[1]", "must not contain a NUL byte"},
+		{step("command", "a\x00"), "init[0].command", "must not contain a NUL byte"},
+		{step("env", map[string]any{"1X": "v"}), "init[0].env.1X", "must be a variable name"},
+		{with("args", []any{"a\x00"}), "args[0]", "must not contain a NUL byte"},
+		{with("command", "--privileged"), "", ""}, // --entrypoint=--privileged: a value
+		{with("command", "x\x00"), "command", "must not contain a NUL byte"},
+		// env
+		{with("env", map[string]any{"A=B": "v"}), "env.A=B", "must be a variable name"},
+		{with("env", map[string]any{"": "v"}), "env.", "must be a variable name"},
+		{with("env", map[string]any{"A-B": "v"}), "env.A-B", "must be a variable name"},
+		{with("env", map[string]any{"--privileged": "v"}), "env.--privileged", "must be a variable name"},
+		{with("env", map[string]any{"A": "x\x00"}), "env.A", "must not contain a NUL byte"},
+		{with("env", map[string]any{"_A1": "--privileged", "b": "x=y"}), "", ""},
+		// ports
+		{with("ports", []any{"not-a-port"}), "ports[0]", `(got "not-a-port": container port "not-a-port" is not a port 1-65535)`},
+		{with("ports", []any{"80", "--publish-all"}), "ports[1]", "must be [[ip:][hostPort]:]containerPort[/tcp|udp|sctp]"},
+		{with("ports", []any{"0"}), "ports[0]", "is not a port 1-65535"},
+		{with("ports", []any{"65536:80"}), "ports[0]", `host port "65536" is not a port 1-65535`},
+		{with("ports", []any{"+80"}), "ports[0]", "is not a port 1-65535"},
+		{with("ports", []any{" 80"}), "ports[0]", "is not a port 1-65535"},
+		{with("ports", []any{"80-80"}), "ports[0]", "is not a range low-high"},
+		{with("ports", []any{"90-80"}), "ports[0]", "is not a range low-high"},
+		{with("ports", []any{"8000-8010:80"}), "ports[0]", "the host range has 11 ports, the container range 1"},
+		{with("ports", []any{"8000:80-81"}), "ports[0]", "the host range has 1 ports, the container range 2"},
+		{with("ports", []any{"80/icmp"}), "ports[0]", `unknown protocol "icmp"`},
+		{with("ports", []any{"80/"}), "ports[0]", `unknown protocol ""`},
+		{with("ports", []any{"1.2.3:80:80"}), "ports[0]", `not an IPv4 address "1.2.3"`},
+		{with("ports", []any{"host:80:80"}), "ports[0]", "not an IPv4 address"},
+		{with("ports", []any{"::80"}), "ports[0]", "not an IPv4 address"},
+		{with("ports", []any{"fe80::1:80:80"}), "ports[0]", "too many ':'"},
+		{with("ports", []any{"[::1]:80"}), "ports[0]", "an address needs a host port"},
+		{with("ports", []any{"[1.2.3.4]:80:80"}), "ports[0]", "not an IPv6 address"},
+		{with("ports", []any{"80", "8080:80", "127.0.0.1:8080:80/udp", "127.0.0.1::80", ":80", "[::1]:8080:80/tcp", "[::1]::80",
+			"8000-8010:9000-9010", "0.0.0.0:8000-8001:80-81", "80-81", "80/TCP", "5000/sctp", "1:65535"}), "", ""},
+		// volumes
+		{with("volumes", []any{"relative"}), "volumes[0]", `(got "relative": not two or three parts)`},
+		{with("volumes", []any{"/data"}), "volumes[0]", "not two or three parts"},
+		{with("volumes", []any{"/a:/b:ro:z"}), "volumes[0]", "not two or three parts"},
+		{with("volumes", []any{"./rel:/data"}), "volumes[0]", "src is neither an absolute path nor a volume name"},
+		{with("volumes", []any{"-v:/data"}), "volumes[0]", "src is neither an absolute path nor a volume name"},
+		{with("volumes", []any{"a b:/data"}), "volumes[0]", "src is neither an absolute path nor a volume name"},
+		{with("volumes", []any{":/data"}), "volumes[0]", "src is neither an absolute path nor a volume name"},
+		{with("volumes", []any{"/srv:data"}), "volumes[0]", "dst is not an absolute path"},
+		{with("volumes", []any{"/srv:"}), "volumes[0]", "dst is not an absolute path"},
+		{with("volumes", []any{"/srv:/data:bogus"}), "volumes[0]", `unknown option "bogus"`},
+		{with("volumes", []any{"/srv:/data:ro,"}), "volumes[0]", `unknown option ""`},
+		{with("volumes", []any{"/srv:/data:ro,rw"}), "volumes[0]", "options ro and rw exclude each other"},
+		{with("volumes", []any{"/srv:/data:z,Z"}), "volumes[0]", "options z and Z exclude each other"},
+		{with("volumes", []any{"/srv:/data:ro,ro"}), "volumes[0]", "options ro and ro exclude each other"},
+		{with("volumes", []any{"/srv:/data:private,rshared"}), "volumes[0]", "options private and rshared exclude each other"},
+		{with("volumes", []any{"/srv:/da\x00ta"}), "volumes[0]", "a NUL byte"},
+		{with("volumes", []any{"/srv:/data", "data:/data:ro,Z", "my_vol.1:/v:U,rbind,rshared,nosuid,nodev,noexec,nocopy,idmap", "/s:/d:O"}), "", ""},
+		// network
+		{with("network", "--foo"), "network", `a network name (letters, digits, '_', '.', '-', starting with a letter or digit) (got "--foo")`},
+		{with("network", "a,b"), "network", "must be none, host, bridge"},
+		{with("network", "bridge:ip=10.0.0.2"), "network", "must be none, host, bridge"},
+		{with("network", "container:"), "network", `(got "container:": not a container name)`},
+		{with("network", "container:-x"), "network", "not a container name"},
+		{with("network", "ns:run/netns/x"), "network", `(got "ns:run/netns/x": not an absolute path)`},
+		{with("network", "none"), "", ""},
+		{with("network", "host"), "", ""},
+		{with("network", "bridge"), "", ""},
+		{with("network", "private"), "", ""},
+		{with("network", "slirp4netns"), "", ""},
+		{with("network", "container:db"), "", ""},
+		{with("network", "ns:/run/netns/x"), "", ""},
+		{with("network", "my_net.1"), "", ""},
+	} {
+		err := c.Validate(tc.spec)
+		if tc.field == "" {
+			if err != nil {
+				t.Errorf("%q: %v, want valid", tc.spec, err)
+			}
+			continue
+		}
+		var se *SpecError
+		if !errors.As(err, &se) || se.Kind != "container" || se.Field != tc.field || !strings.Contains(se.Rule, tc.rule) {
+			t.Errorf("%q: %v, want field %s, rule containing %q", tc.spec, err, tc.field, tc.rule)
+		}
+	}
+}
+
+// fakePodman answers the driver's podman calls without running podman:
+// nothing exists, every command succeeds, and "wait" answers with exit
+// code 0 or, when block is set, blocks until its context ends.
+type fakePodman struct {
+	block bool
+	mu    sync.Mutex
+	calls []fakeCall
+}
+
+type fakeCall struct {
+	argv     []string
+	ctxEnded bool // the call's context had ended when it was made
+}
+
+func (f *fakePodman) run(ctx context.Context, argv []string) (podmanResult, error) {
+	f.mu.Lock()
+	f.calls = append(f.calls, fakeCall{argv: argv, ctxEnded: ctx.Err() != nil})
+	f.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return podmanResult{Exit: -1}, fmt.Errorf("%s: %w", argv[0], err)
+	}
+	switch subcommand(argv) {
+	case "container":
+		return podmanResult{Stdout: "[]\n", Stderr: "Error: inspecting object: no such container " + argv[len(argv)-1] + "\n", Exit: 125}, nil
+	case "ps":
+		return podmanResult{Stdout: "[]\n"}, nil
+	case "wait":
+		if f.block {
+			<-ctx.Done()
+			return podmanResult{Exit: -1}, fmt.Errorf("%s: %w", argv[0], ctx.Err())
+		}
+		return podmanResult{Stdout: "0\n"}, nil
+	}
+	return podmanResult{}, nil
+}
+
+// subcommand is the podman subcommand of argv (after the global flags).
+func subcommand(argv []string) string {
+	i := slices.IndexFunc(argv[1:], func(a string) bool {
+		return slices.Contains([]string{"container", "image", "ps", "run", "wait", "kill", "logs", "rm"}, a)
+	})
+	if i < 0 {
+		return ""
+	}
+	return argv[1+i]
+}
+
+// argvs are the calls of one subcommand.
+func (f *fakePodman) argvs(sub string) [][]string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out [][]string
+	for _, c := range f.calls {
+		if subcommand(c.argv) == sub {
+			out = append(out, c.argv)
+		}
+	}
+	return out
+}
+
+// User strings reach podman as values only: after their flag as
+// --flag=value, or after "--" (the image, then the container's arguments),
+// so that none can read as a flag, whatever it looks like.
+func TestContainerArgvPassesValuesOnly(t *testing.T) {
+	fake := &fakePodman{}
+	c := NewContainer(PodmanConfig{Binary: "/usr/bin/podman", GlobalArgs: []string{"--root", "/r"}, Runtime: "runc",
+		Cgroups: "disabled", Ulimits: []string{"nofile=1024:1024"}})
+	c.podman = fake
+	runs := &codedRuns{}
+	ctx := WithRuns(context.Background(), runs)
+	image := "registry.example:5000/team/app:1.2@sha256:" + strings.Repeat("ab", 32)
+	spec := Spec{
+		"image": image, "command": "--privileged", "args": []any{"--privileged", "-v", "/:/host", "--"},
+		"env": map[string]any{"B": "--privileged", "A": "x=y"}, "network": "container:db",
+		"ports": []any{"127.0.0.1:8080:80/tcp"}, "volumes": []any{"data:/data:ro,Z"}, "stop_timeout": "1500ms", "restart": "never",
+		"init": []any{map[string]any{"name": "prep", "image": "busybox", "command": "/bin/sh", "args": []any{"-c", "--env=X=1"},
+			"env": map[string]any{"PASS": "secret"}}},
+	}
+	s, err := c.spec(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Reconcile(ctx, "web", spec); err != nil {
+		t.Fatal(err)
+	}
+	hash := s.hash()
+	node := []string{"--cgroups=disabled", "--ulimit=nofile=1024:1024", "--network=container:db", "--volume=data:/data:ro,Z"}
+	wantInit := slices.Concat([]string{"/usr/bin/podman", "--root", "/r", "--runtime=runc", "run", "--detach", "--name=understudy-web-init-prep", "--restart=no",
+		"--label=understudy.resource=web", "--label=understudy.role=init", "--label=understudy.spec=" + hash,
+		"--label=understudy.init=prep", "--label=understudy.init-order=0"}, node,
+		[]string{"--env=PASS=secret", "--entrypoint=/bin/sh", "--", "busybox", "-c", "--env=X=1"})
+	wantService := slices.Concat([]string{"/usr/bin/podman", "--root", "/r", "--runtime=runc", "run", "--detach", "--name=understudy-web", "--restart=no",
+		"--label=understudy.resource=web", "--label=understudy.role=service", "--label=understudy.spec=" + hash,
+		"--label=understudy.init-completed=prep", "--stop-timeout=2", "--publish=127.0.0.1:8080:80/tcp"}, node,
+		[]string{"--env=A=x=y", "--env=B=--privileged", "--entrypoint=--privileged", "--", image, "--privileged", "-v", "/:/host", "--"})
+	if got := fake.argvs("run"); len(got) != 2 || !slices.Equal(got[0], wantInit) || !slices.Equal(got[1], wantService) {
+		t.Fatalf("podman run:\n got %q\nwant %q\n     %q", got, wantInit, wantService)
+	}
+	// Before "--", every argument after the subcommand is a flag with its
+	// value attached (or a value-less switch).
+	for _, argv := range fake.argvs("run") {
+		for _, a := range argv[5:slices.Index(argv, "--")] {
+			if a != "--detach" && (!strings.HasPrefix(a, "--") || !strings.Contains(a, "=")) {
+				t.Errorf("%q: not --flag=value", a)
+			}
+		}
+	}
+	for _, sub := range []string{"container", "wait", "logs"} {
+		for _, argv := range fake.argvs(sub) {
+			if len(argv) < 2 || argv[len(argv)-2] != "--" {
+				t.Errorf("%q: the name does not follow --", argv)
+			}
+		}
+	}
+	// The audit record hides environment values, not the container's
+	// arguments.
+	if len(runs.cmds) != 1 || !slices.Equal(runs.cmds[0], slices.Concat(wantInit[:len(wantInit)-6], []string{"--env=PASS=***", "--entrypoint=/bin/sh", "--", "busybox", "-c", "--env=X=1"})) {
+		t.Errorf("audited: %q", runs.cmds)
+	}
+}
+
+// An init container cut off by the call's deadline (the agent's
+// agent.call_timeout) is told apart from one that reached its own
+// timeout: in the error and in the audit record, with the real wait.
+func TestContainerInitCutOffByCallDeadline(t *testing.T) {
+	spec := func(timeout string) Spec {
+		step := map[string]any{"name": "slow", "args": []any{"sleep", "600"}}
+		if timeout != "" {
+			step["timeout"] = timeout
+		}
+		return Spec{"image": "alpine", "init": []any{step}}
+	}
+	cutOff := regexp.MustCompile(`^cut off after waiting ([0-9.]+m?s): the reconcile's deadline passed$`)
+	for _, tc := range []struct {
+		name    string
+		call    time.Duration // 0: no deadline, cancelled after cancel
+		cancel  time.Duration
+		timeout string
+		want    string // the outcome, or "cut off" checked with the pattern
+	}{
+		{"call deadline first", 400 * time.Millisecond, 0, "", "cut off"},
+		{"call deadline before a short step timeout", 400 * time.Millisecond, 0, "10s", "cut off"},
+		{"step timeout first", 10 * time.Second, 0, "300ms", "timed out: waited 300ms"},
+		{"no call deadline", 0, 0, "300ms", "timed out: waited 300ms"},
+		{"call cancelled", 0, 300 * time.Millisecond, "", "cut off: the reconcile was cancelled"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fake := &fakePodman{block: true}
+			c := NewContainer(PodmanConfig{})
+			c.podman = fake
+			runs := &codedRuns{}
+			ctx, cancel := context.WithCancel(WithRuns(context.Background(), runs))
+			defer cancel()
+			if tc.call > 0 {
+				ctx, cancel = context.WithTimeout(ctx, tc.call)
+				defer cancel()
+			}
+			if tc.cancel > 0 {
+				stop := time.AfterFunc(tc.cancel, cancel)
+				defer stop.Stop()
+			}
+			o, err := c.Reconcile(ctx, "db", spec(tc.timeout))
+			if err == nil || o.Drift != "init step slow failed" {
+				t.Fatalf("%+v %v", o, err)
+			}
+			t.Log(err)
+			msg, ok := strings.CutPrefix(err.Error(), "init step slow: ")
+			if !ok {
+				t.Fatalf("error %q", err)
+			}
+			if tc.want == "cut off" {
+				m := cutOff.FindStringSubmatch(msg)
+				if m == nil {
+					t.Fatalf("error %q, want %s", err, cutOff)
+				}
+				if waited, _ := time.ParseDuration(m[1]); waited <= 0 || waited > tc.call {
+					t.Errorf("waited %v: not the real wait (the call's bound is %v)", waited, tc.call)
+				}
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("errors.Is(%v, DeadlineExceeded) = false", err)
+				}
+			} else if msg != tc.want {
+				t.Fatalf("error %q, want %q", msg, tc.want)
+			}
+			if tc.cancel > 0 && !errors.Is(err, context.Canceled) {
+				t.Errorf("errors.Is(%v, Canceled) = false", err)
+			}
+			if len(runs.runs) != 1 || runs.runs[0] != "db|slow|timed out|"+msg {
+				t.Errorf("runs %q, want the outcome %q", runs.runs, msg)
+			}
+			// Cut off or timed out, the container is killed, with a bound of
+			// its own; neither later steps nor the service run.
+			kills := fake.argvs("kill")
+			if len(kills) != 1 || !slices.Equal(kills[0], []string{"podman", "kill", "--signal=KILL", "--", "understudy-db-init-slow"}) {
+				t.Errorf("kill %q", kills)
+			}
+			fake.mu.Lock()
+			defer fake.mu.Unlock()
+			last := fake.calls[len(fake.calls)-1]
+			if subcommand(last.argv) != "kill" || last.ctxEnded {
+				t.Errorf("last call %q (its context ended: %v)", last.argv, last.ctxEnded)
+			}
+		})
+	}
+}
+
+func TestContainerMinCallTime(t *testing.T) {
+	c := NewContainer(PodmanConfig{})
+	for _, tc := range []struct {
+		spec Spec
+		want time.Duration
+	}{
+		{Spec{"image": "alpine"}, 0},
+		{Spec{"image": "alpine", "init": []any{map[string]any{"name": "a"}}}, DefaultInitTimeout},
+		{Spec{"image": "alpine", "init": []any{map[string]any{"name": "a", "timeout": "90s"}, map[string]any{"name": "b", "timeout": 30},
+			map[string]any{"name": "c"}}}, 120*time.Second + DefaultInitTimeout},
+		{Spec{"image": "--privileged", "init": []any{map[string]any{"name": "a"}}}, 0}, // invalid
+	} {
+		if got := c.MinCallTime(tc.spec); got != tc.want {
+			t.Errorf("%v: %v, want %v", tc.spec, got, tc.want)
+		}
 	}
 }
 

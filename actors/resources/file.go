@@ -39,19 +39,19 @@ func (File) Kind() string { return "file" }
 func (f File) Validate(spec Spec) error { _, err := f.spec(spec); return err }
 
 func (File) spec(spec Spec) (fileSpec, error) {
-	r := newSpecReader("file", spec)
+	r := NewSpecReader("file", spec)
 	var s fileSpec
-	s.Path = r.str("path", true)
-	mode := r.str("mode", false)
+	s.Path = r.Str("path", true)
+	mode := r.Str("mode", false)
 	if _, ok := spec["content"]; ok {
-		c := r.str("content", false)
+		c := r.Str("content", false)
 		s.Content = &c
 	} else {
 		r.seen["content"] = true
 	}
-	s.SHA256 = strings.ToLower(r.str("sha256", false))
-	s.Owner = r.str("owner", false)
-	if err := r.done(); err != nil {
+	s.SHA256 = strings.ToLower(r.Str("sha256", false))
+	s.Owner = r.Str("owner", false)
+	if err := r.Done(); err != nil {
 		return s, err
 	}
 	switch {

@@ -57,21 +57,38 @@ func (*Process) Kind() string { return "process" }
 
 func (p *Process) Validate(spec Spec) error { _, err := p.spec(spec); return err }
 
+// MinCallTime is the call time a reconcile of spec must be given so that
+// each init step can use its whole timeout: the sum of the steps'
+// timeouts. A call bounded more tightly (agent.call_timeout) can cut a
+// step off before its own timeout, so the agent can refuse such a
+// resource. An invalid spec gives 0 (Validate says why).
+func (p *Process) MinCallTime(spec Spec) time.Duration {
+	s, err := p.spec(spec)
+	if err != nil {
+		return 0
+	}
+	var sum time.Duration
+	for _, st := range s.Init {
+		sum += st.Timeout
+	}
+	return sum
+}
+
 func (*Process) spec(spec Spec) (processSpec, error) {
-	r := newSpecReader("process", spec)
+	r := NewSpecReader("process", spec)
 	var s processSpec
-	s.Command = append([]string{r.str("command", true)}, r.strs("args")...)
-	s.Env = r.strMap("env")
-	s.Dir = r.str("dir", false)
-	s.Restart = r.oneOf("restart", "always", "always", "on-failure", "never")
+	s.Command = append([]string{r.Str("command", true)}, r.Strs("args")...)
+	s.Env = r.StrMap("env")
+	s.Dir = r.Str("dir", false)
+	s.Restart = r.OneOf("restart", "always", "always", "on-failure", "never")
 	names := map[string]bool{}
-	for i, st := range r.list("init") {
-		sr := r.sub(fmt.Sprintf("init[%d].", i), st)
-		step := initStep{Name: sr.str("name", true)}
-		step.Command = append([]string{sr.str("command", true)}, sr.strs("args")...)
-		step.Env = sr.strMap("env")
-		step.Timeout = sr.duration("timeout", DefaultInitTimeout)
-		if err := sr.done(); err != nil {
+	for i, st := range r.List("init") {
+		sr := r.Sub(fmt.Sprintf("init[%d].", i), st)
+		step := initStep{Name: sr.Str("name", true)}
+		step.Command = append([]string{sr.Str("command", true)}, sr.Strs("args")...)
+		step.Env = sr.StrMap("env")
+		step.Timeout = sr.Duration("timeout", DefaultInitTimeout)
+		if err := sr.Done(); err != nil {
 			return s, err
 		}
 		if names[step.Name] {
@@ -80,7 +97,7 @@ func (*Process) spec(spec Spec) (processSpec, error) {
 		names[step.Name] = true
 		s.Init = append(s.Init, step)
 	}
-	if err := r.done(); err != nil {
+	if err := r.Done(); err != nil {
 		return s, err
 	}
 	return s, nil
@@ -208,12 +225,14 @@ func stop(pr *proc) {
 }
 
 // runStep runs a command to completion within timeout: Exited{exit_code}
-// (an error when not 0) or TimedOut{waited} (the process group is killed).
+// (an error when not 0), TimedOut{waited} (its own timeout passed), or cut
+// off (ctx, the call's bound, ended first: a *cutOffError with the real
+// wait). The process group is killed in both of the last cases.
 func runStep(ctx context.Context, id, name string, command []string, env map[string]string, dir string, timeout time.Duration) error {
 	done := runsOf(ctx).Started(id, name, command)
-	tctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	cmd := exec.CommandContext(tctx, command[0], command[1:]...)
+	b := newStepBound(ctx, timeout)
+	defer b.stop()
+	cmd := exec.CommandContext(b.ctx, command[0], command[1:]...)
 	cmd.Env = environ(env)
 	cmd.Dir = dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -222,10 +241,13 @@ func runStep(ctx context.Context, id, name string, command []string, env map[str
 	var out tail
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
+	if err != nil {
+		if end := b.ended(); end != nil {
+			done(-1, true, end.Error())
+			return end
+		}
+	}
 	switch {
-	case errors.Is(tctx.Err(), context.DeadlineExceeded):
-		done(-1, true, fmt.Sprintf("timed out: waited %v", timeout))
-		return fmt.Errorf("timed out: waited %v", timeout)
 	case err != nil && exitCode(err) < 0:
 		done(-1, false, err.Error())
 		return err
@@ -236,6 +258,92 @@ func runStep(ctx context.Context, id, name string, command []string, env map[str
 	}
 	done(0, false, out.String())
 	return nil
+}
+
+// errStepTimeout ends a step's context when the step's own timeout passes.
+var errStepTimeout = errors.New("the step's own timeout passed")
+
+// stepBound bounds one init step (or shell job) twice, by its own timeout
+// and by the call's ctx (which the agent ends after agent.call_timeout),
+// and tells afterwards which of the two ended it.
+type stepBound struct {
+	ctx     context.Context // ends with the first of the two
+	call    context.Context
+	own     context.Context // ends at the step's own timeout only
+	timeout time.Duration
+	stop    func()
+}
+
+func newStepBound(call context.Context, timeout time.Duration) *stepBound {
+	// own is apart from call so that its deadline dates the step's start:
+	// the real wait is then a difference of deadlines (actors/ reads no
+	// clock of its own).
+	own, cancelOwn := context.WithTimeout(context.WithoutCancel(call), timeout)
+	ctx, cancel := context.WithCancelCause(call)
+	stopAfter := context.AfterFunc(own, func() { cancel(errStepTimeout) })
+	return &stepBound{ctx: ctx, call: call, own: own, timeout: timeout, stop: func() {
+		stopAfter()
+		cancelOwn()
+		cancel(context.Canceled)
+	}}
+}
+
+// ended is nil while neither bound has passed; afterwards the step's
+// outcome: "timed out: waited D" (its own timeout) or a *cutOffError (the
+// call's ctx ended first).
+func (b *stepBound) ended() error {
+	cause := context.Cause(b.ctx)
+	switch {
+	case cause == nil:
+		return nil
+	case errors.Is(cause, errStepTimeout):
+		return fmt.Errorf("timed out: waited %v", b.timeout)
+	}
+	e := &cutOffError{err: b.call.Err(), cause: context.Cause(b.call)}
+	callEnd, hasDeadline := b.call.Deadline()
+	ownEnd, _ := b.own.Deadline()
+	if hasDeadline && errors.Is(e.err, context.DeadlineExceeded) {
+		e.waited = roundWait(min(max(b.timeout-ownEnd.Sub(callEnd), 0), b.timeout))
+		e.measured = true
+	}
+	return e
+}
+
+// cutOffError is a step the call's context ended before the step finished
+// or reached its own timeout: the reconcile's deadline passed (the wait is
+// known), or the reconcile was cancelled (the agent is stopping). errors.Is
+// finds context.DeadlineExceeded or context.Canceled in it.
+type cutOffError struct {
+	waited   time.Duration
+	measured bool
+	err      error // the call's ctx.Err()
+	cause    error // context.Cause of the call's ctx
+}
+
+func (e *cutOffError) Error() string {
+	var msg string
+	if e.measured {
+		msg = fmt.Sprintf("cut off after waiting %v: the reconcile's deadline passed", e.waited)
+	} else if errors.Is(e.err, context.DeadlineExceeded) {
+		msg = "cut off: the reconcile's deadline passed"
+	} else {
+		msg = "cut off: the reconcile was cancelled"
+	}
+	if e.cause != nil && e.cause != e.err {
+		msg += " (" + e.cause.Error() + ")"
+	}
+	return msg
+}
+
+func (e *cutOffError) Unwrap() []error { return []error{e.err, e.cause} }
+
+// roundWait keeps a wait readable: milliseconds under a second, tenths of
+// a second above.
+func roundWait(d time.Duration) time.Duration {
+	if d < time.Second {
+		return d.Round(time.Millisecond)
+	}
+	return d.Round(100 * time.Millisecond)
 }
 
 func suffix(s string) string {
@@ -308,10 +416,20 @@ func (*ShellJob) Kind() string { return "shell-job" }
 
 func (j *ShellJob) Validate(spec Spec) error { _, err := j.spec(spec); return err }
 
+// MinCallTime is the call time a reconcile of spec must be given so that
+// the job can use its whole timeout (0 for an invalid spec).
+func (j *ShellJob) MinCallTime(spec Spec) time.Duration {
+	s, err := j.spec(spec)
+	if err != nil {
+		return 0
+	}
+	return s.Timeout
+}
+
 func (*ShellJob) spec(spec Spec) (shellSpec, error) {
-	r := newSpecReader("shell-job", spec)
-	s := shellSpec{Command: r.str("command", true), Timeout: r.duration("timeout", DefaultInitTimeout)}
-	return s, r.done()
+	r := NewSpecReader("shell-job", spec)
+	s := shellSpec{Command: r.Str("command", true), Timeout: r.Duration("timeout", DefaultInitTimeout)}
+	return s, r.Done()
 }
 
 func (j *ShellJob) Observe(_ context.Context, id string, spec Spec) (Observation, error) {

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 func TestFileReconcileAndDrift(t *testing.T) {
@@ -150,5 +152,116 @@ func TestProcessInitStepsThenService(t *testing.T) {
 	<-done
 	if o, _ := p.Observe(ctx, "once", once); !o.InSync || o.Details["exit_code"] != "0" || o.Details["services"] != "" {
 		t.Errorf("restart never, exited: %+v", o)
+	}
+}
+
+// An init step cut off by the call's deadline (the agent's
+// agent.call_timeout) is told apart from one that reached its own timeout:
+// in the error and in the audit record, with the real wait. Either way
+// its process group is killed.
+func TestProcessInitCutOffByCallDeadline(t *testing.T) {
+	cutOff := regexp.MustCompile(`^cut off after waiting ([0-9.]+m?s): the reconcile's deadline passed$`)
+	for _, tc := range []struct {
+		name    string
+		call    time.Duration // 0: no deadline
+		cancel  time.Duration // cancel the call after this
+		timeout string
+		want    string // the outcome, or "cut off" checked with the pattern
+	}{
+		{"call deadline first", 500 * time.Millisecond, 0, "", "cut off"},
+		{"call deadline before a short step timeout", 500 * time.Millisecond, 0, "10s", "cut off"},
+		{"step timeout first", 10 * time.Second, 0, "300ms", "timed out: waited 300ms"},
+		{"no call deadline", 0, 0, "300ms", "timed out: waited 300ms"},
+		{"call cancelled", 10 * time.Second, 300 * time.Millisecond, "", "cut off: the reconcile was cancelled"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			runs := &recordedRuns{}
+			ctx, cancel := context.WithCancel(WithRuns(context.Background(), runs))
+			defer cancel()
+			if tc.call > 0 {
+				ctx, cancel = context.WithTimeout(ctx, tc.call)
+				defer cancel()
+			}
+			if tc.cancel > 0 {
+				stop := time.AfterFunc(tc.cancel, cancel)
+				defer stop.Stop()
+			}
+			p := NewProcess()
+			t.Cleanup(p.StopAll)
+			step := map[string]any{"name": "slow", "command": "sh", "args": []any{"-c", "sleep 30 & wait"}}
+			if tc.timeout != "" {
+				step["timeout"] = tc.timeout
+			}
+			start := time.Now()
+			o, err := p.Reconcile(ctx, "svc", Spec{"command": "sleep", "args": []any{"60"}, "init": []any{step}})
+			if took := time.Since(start); took > 5*time.Second {
+				t.Errorf("took %v: the step's process group was not killed", took)
+			}
+			if err == nil || o.Drift != "init step slow failed" {
+				t.Fatalf("%+v %v", o, err)
+			}
+			t.Log(err)
+			msg, ok := strings.CutPrefix(err.Error(), "init step slow: ")
+			if !ok {
+				t.Fatalf("error %q", err)
+			}
+			if tc.want == "cut off" {
+				m := cutOff.FindStringSubmatch(msg)
+				if m == nil {
+					t.Fatalf("error %q, want %s", err, cutOff)
+				}
+				if waited, _ := time.ParseDuration(m[1]); waited <= tc.call/2 || waited > tc.call {
+					t.Errorf("waited %v: not the real wait (the call's bound is %v)", waited, tc.call)
+				}
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("errors.Is(%v, DeadlineExceeded) = false", err)
+				}
+			} else if msg != tc.want {
+				t.Fatalf("error %q, want %q", msg, tc.want)
+			}
+			if tc.cancel > 0 && !errors.Is(err, context.Canceled) {
+				t.Errorf("errors.Is(%v, Canceled) = false", err)
+			}
+			if len(runs.runs) != 1 || runs.runs[0] != "svc|slow|sh -c sleep 30 & wait|timed-out|"+msg {
+				t.Errorf("runs %q, want the outcome %q", runs.runs, msg)
+			}
+			if o, _ := p.Observe(ctx, "svc", Spec{"command": "sleep", "args": []any{"60"}, "init": []any{step}}); o.InSync {
+				t.Errorf("the service runs after a step was cut off: %+v", o)
+			}
+		})
+	}
+	// A shell job runs the same way.
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if _, err := (&ShellJob{Allowed: true}).Reconcile(ctx, "j", Spec{"command": "sleep 30"}); err == nil || !cutOff.MatchString(err.Error()) {
+		t.Errorf("shell job: %v, want %s", err, cutOff)
+	}
+}
+
+func TestProcessMinCallTime(t *testing.T) {
+	p := NewProcess()
+	for _, tc := range []struct {
+		spec Spec
+		want time.Duration
+	}{
+		{Spec{"command": "x"}, 0},
+		{Spec{"command": "x", "init": []any{map[string]any{"name": "a", "command": "y"}}}, DefaultInitTimeout},
+		{Spec{"command": "x", "init": []any{map[string]any{"name": "a", "command": "y", "timeout": "90s"},
+			map[string]any{"name": "b", "command": "y", "timeout": 30}, map[string]any{"name": "c", "command": "y"}}}, 120*time.Second + DefaultInitTimeout},
+		{Spec{"init": []any{map[string]any{"name": "a", "command": "y"}}}, 0}, // invalid: no command
+	} {
+		if got := p.MinCallTime(tc.spec); got != tc.want {
+			t.Errorf("%v: %v, want %v", tc.spec, got, tc.want)
+		}
+	}
+	j := &ShellJob{}
+	if got := j.MinCallTime(Spec{"command": "x"}); got != DefaultInitTimeout {
+		t.Errorf("shell job, default timeout: %v", got)
+	}
+	if got := j.MinCallTime(Spec{"command": "x", "timeout": "10s"}); got != 10*time.Second {
+		t.Errorf("shell job: %v", got)
+	}
+	if got := j.MinCallTime(Spec{"timeout": "10s"}); got != 0 {
+		t.Errorf("shell job, invalid: %v", got)
 	}
 }

@@ -7,9 +7,15 @@ import (
 	"time"
 )
 
-// specReader reads typed fields out of a Spec, collecting the first error
-// as a *SpecError, and refuses fields it was not asked about (done).
-type specReader struct {
+// SpecReader reads typed fields out of a Spec, keeps the first error as a
+// *SpecError naming the field (with the reader's prefix) and the rule, and
+// refuses fields it was not asked about (Done). Every kind decodes its
+// spec with one: this package's, and those of other packages (libvirt's
+// vm and network). A reader is used by one goroutine; it keeps spec.
+//
+// A field set to null reads as absent. A field of the wrong type reads as
+// its zero value (or the default given) and records the error.
+type SpecReader struct {
 	kind   string
 	prefix string
 	spec   Spec
@@ -17,66 +23,75 @@ type specReader struct {
 	err    error
 }
 
-func newSpecReader(kind string, spec Spec) *specReader {
-	return &specReader{kind: kind, spec: spec, seen: map[string]bool{}}
+// NewSpecReader reads spec, a spec of kind (named in its errors).
+func NewSpecReader(kind string, spec Spec) *SpecReader {
+	return &SpecReader{kind: kind, spec: spec, seen: map[string]bool{}}
 }
 
-func (r *specReader) fail(field, rule string) {
+// Fail records that field breaks rule, unless an error is recorded
+// already.
+func (r *SpecReader) Fail(field, rule string) {
 	if r.err == nil {
 		r.err = &SpecError{Kind: r.kind, Field: r.prefix + field, Rule: rule}
 	}
 }
 
-func (r *specReader) get(field string) (any, bool) {
+// Get returns field's raw value and whether it is set (and not null); it
+// marks the field as read.
+func (r *SpecReader) Get(field string) (any, bool) {
 	r.seen[field] = true
 	v, ok := r.spec[field]
 	return v, ok && v != nil
 }
 
-func (r *specReader) str(field string, required bool) string {
-	v, ok := r.get(field)
+// Str reads a string; "" when absent (an error when required).
+func (r *SpecReader) Str(field string, required bool) string {
+	v, ok := r.Get(field)
 	if !ok {
 		if required {
-			r.fail(field, "required")
+			r.Fail(field, "required")
 		}
 		return ""
 	}
 	s, isStr := v.(string)
 	if !isStr {
-		r.fail(field, fmt.Sprintf("must be a string (got %v)", v))
+		r.Fail(field, fmt.Sprintf("must be a string (got %v)", v))
 	}
 	return s
 }
 
-func (r *specReader) strs(field string) []string {
-	v, ok := r.get(field)
+// Strs reads a list of strings; nil when absent.
+func (r *SpecReader) Strs(field string) []string {
+	v, ok := r.Get(field)
 	if !ok {
 		return nil
 	}
 	list, isList := v.([]any)
 	if !isList {
-		r.fail(field, fmt.Sprintf("must be a list of strings (got %v)", v))
+		r.Fail(field, fmt.Sprintf("must be a list of strings (got %v)", v))
 		return nil
 	}
 	out := make([]string, len(list))
 	for i, x := range list {
 		s, isStr := x.(string)
 		if !isStr {
-			r.fail(fmt.Sprintf("%s[%d]", field, i), fmt.Sprintf("must be a string (got %v)", x))
+			r.Fail(fmt.Sprintf("%s[%d]", field, i), fmt.Sprintf("must be a string (got %v)", x))
 		}
 		out[i] = s
 	}
 	return out
 }
 
-func (r *specReader) strMap(field string) map[string]string {
-	v, ok := r.get(field)
+// StrMap reads a map of strings (numbers and booleans are taken as their
+// text); nil when absent.
+func (r *SpecReader) StrMap(field string) map[string]string {
+	v, ok := r.Get(field)
 	if !ok {
 		return nil
 	}
 	m, isMap := v.(map[string]any)
 	if !isMap {
-		r.fail(field, fmt.Sprintf("must be a map of strings (got %v)", v))
+		r.Fail(field, fmt.Sprintf("must be a map of strings (got %v)", v))
 		return nil
 	}
 	out := make(map[string]string, len(m))
@@ -87,14 +102,44 @@ func (r *specReader) strMap(field string) map[string]string {
 		case int, bool, float64:
 			out[k] = fmt.Sprint(s)
 		default:
-			r.fail(field+"."+k, fmt.Sprintf("must be a string (got %v)", x))
+			r.Fail(field+"."+k, fmt.Sprintf("must be a string (got %v)", x))
 		}
 	}
 	return out
 }
 
-func (r *specReader) duration(field string, def time.Duration) time.Duration {
-	v, ok := r.get(field)
+// Int reads a whole number; def when absent.
+func (r *SpecReader) Int(field string, def int) int {
+	v, ok := r.Get(field)
+	if !ok {
+		return def
+	}
+	n, isInt := v.(int)
+	if !isInt {
+		r.Fail(field, fmt.Sprintf("must be a whole number (got %v)", v))
+		return def
+	}
+	return n
+}
+
+// Bool reads true or false; def when absent.
+func (r *SpecReader) Bool(field string, def bool) bool {
+	v, ok := r.Get(field)
+	if !ok {
+		return def
+	}
+	b, isBool := v.(bool)
+	if !isBool {
+		r.Fail(field, fmt.Sprintf("must be true or false (got %v)", v))
+		return def
+	}
+	return b
+}
+
+// Duration reads a positive duration ("30s", or a whole number of
+// seconds); def when absent.
+func (r *SpecReader) Duration(field string, def time.Duration) time.Duration {
+	v, ok := r.Get(field)
 	if !ok {
 		return def
 	}
@@ -109,38 +154,41 @@ func (r *specReader) duration(field string, def time.Duration) time.Duration {
 		err = fmt.Errorf("not a duration")
 	}
 	if err != nil || d <= 0 {
-		r.fail(field, fmt.Sprintf("must be a positive duration such as 30s (got %v)", v))
+		r.Fail(field, fmt.Sprintf("must be a positive duration such as 30s (got %v)", v))
 		return def
 	}
 	return d
 }
 
-func (r *specReader) oneOf(field, def string, allowed ...string) string {
-	s := r.str(field, false)
+// OneOf reads a string that must be one of allowed; def when absent.
+func (r *SpecReader) OneOf(field, def string, allowed ...string) string {
+	s := r.Str(field, false)
 	if s == "" {
 		return def
 	}
 	if !slices.Contains(allowed, s) {
-		r.fail(field, fmt.Sprintf("must be one of %v (got %s)", allowed, s))
+		r.Fail(field, fmt.Sprintf("must be one of %v (got %s)", allowed, s))
 	}
 	return s
 }
 
-func (r *specReader) list(field string) []Spec {
-	v, ok := r.get(field)
+// List reads a list of maps; nil when absent. An entry that is not a map
+// is an error and reads as a nil Spec.
+func (r *SpecReader) List(field string) []Spec {
+	v, ok := r.Get(field)
 	if !ok {
 		return nil
 	}
 	list, isList := v.([]any)
 	if !isList {
-		r.fail(field, fmt.Sprintf("must be a list (got %v)", v))
+		r.Fail(field, fmt.Sprintf("must be a list (got %v)", v))
 		return nil
 	}
 	out := make([]Spec, len(list))
 	for i, x := range list {
 		m, isMap := x.(map[string]any)
 		if !isMap {
-			r.fail(field+"["+strconv.Itoa(i)+"]", fmt.Sprintf("must be a map (got %v)", x))
+			r.Fail(field+"["+strconv.Itoa(i)+"]", fmt.Sprintf("must be a map (got %v)", x))
 			continue
 		}
 		out[i] = m
@@ -148,8 +196,42 @@ func (r *specReader) list(field string) []Spec {
 	return out
 }
 
-// done refuses fields the reader was not asked about.
-func (r *specReader) done() error {
+// Items reads a list of maps as readers of their own, prefixed
+// "field[i]."; nil when absent. Call Done on each.
+func (r *SpecReader) Items(field string) []*SpecReader {
+	list := r.List(field)
+	out := make([]*SpecReader, 0, len(list))
+	for i, s := range list {
+		if s != nil {
+			out = append(out, r.Sub(field+"["+strconv.Itoa(i)+"].", s))
+		}
+	}
+	return out
+}
+
+// Object reads a map as a reader of its own, prefixed "field."; nil when
+// absent. Call Done on it.
+func (r *SpecReader) Object(field string) *SpecReader {
+	v, ok := r.Get(field)
+	if !ok {
+		return nil
+	}
+	m, isMap := v.(map[string]any)
+	if !isMap {
+		r.Fail(field, fmt.Sprintf("must be a map (got %v)", v))
+		return nil
+	}
+	return r.Sub(field+".", m)
+}
+
+// Sub reads a nested spec; its errors' fields are prefixed with prefix.
+// Its errors are its own: the caller returns them (Done).
+func (r *SpecReader) Sub(prefix string, spec Spec) *SpecReader {
+	return &SpecReader{kind: r.kind, prefix: r.prefix + prefix, spec: spec, seen: map[string]bool{}}
+}
+
+// Done refuses fields nobody asked about, and returns the first error.
+func (r *SpecReader) Done() error {
 	var unknown []string
 	for k := range r.spec {
 		if !r.seen[k] {
@@ -158,12 +240,7 @@ func (r *specReader) done() error {
 	}
 	if len(unknown) > 0 {
 		slices.Sort(unknown)
-		r.fail(unknown[0], "unknown field")
+		r.Fail(unknown[0], "unknown field")
 	}
 	return r.err
-}
-
-// sub reads a nested spec with a field prefix.
-func (r *specReader) sub(prefix string, spec Spec) *specReader {
-	return &specReader{kind: r.kind, prefix: r.prefix + prefix, spec: spec, seen: map[string]bool{}}
 }
