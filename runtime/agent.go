@@ -129,8 +129,8 @@ func agentRegistry(cfg AgentConfig, proc *resources.Process, logger *slog.Logger
 	}
 	lv := libvirt.NewDriverProcess(cfg.LibvirtDriver, logger)
 	hv := lv.Hypervisor(uri)
-	reg.Register(libvirt.NewVMReconciler(hv))
-	reg.Register(libvirt.NewNetworkReconciler(hv))
+	reg.Register(libvirt.NewVMReconciler(hv, libvirt.ForAgent(cfg.ID)))
+	reg.Register(libvirt.NewNetworkReconciler(hv, libvirt.ForAgent(cfg.ID)))
 	reg.Register(resources.NewContainer(cfg.Podman))
 	return reg, lv
 }
@@ -635,7 +635,21 @@ func (r runRecorder) Started(id, step string, command []string) func(int, bool, 
 	}
 }
 
+// minCallTimer is a reconciler whose Reconcile needs at least some time
+// for a spec (the sum of its init steps' timeouts).
+type minCallTimer interface {
+	MinCallTime(spec resources.Spec) time.Duration
+}
+
 func (ra *managedActor) reconcile(c *actor.Context, drift string) {
+	if mc, ok := ra.rec.(minCallTimer); ok {
+		if need := mc.MinCallTime(ra.r.Spec); need > ra.cfg.CallTimeout {
+			// It could never finish: refuse it rather than cut it off forever.
+			msg := fmt.Sprintf("its steps may take %v (the sum of their timeouts), more than agent.call_timeout %v: raise agent.call_timeout or shorten the steps", need, ra.cfg.CallTimeout)
+			ra.report(c, agent.ResourceStatus{Phase: agent.Refused, Error: msg}, &agent.PhaseChanged{Error: msg})
+			return
+		}
+	}
 	ra.report(c, agent.ResourceStatus{Phase: agent.Reconciling}, &agent.PhaseChanged{Drift: drift})
 	ctx, cancel := ra.callCtx()
 	o, err := ra.rec.Reconcile(ctx, ra.r.ID, ra.r.Spec)

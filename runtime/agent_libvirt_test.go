@@ -16,13 +16,25 @@ import (
 	"understudy/actors/resources/libvirt/rules"
 )
 
+// fakeDriver writes an executable understudy-libvirt into dir (never
+// started by the config tests) and returns the node file line naming it.
+func fakeDriver(t *testing.T, dir string) string {
+	t.Helper()
+	exe := writeFile(t, dir, "understudy-libvirt", "#!/bin/sh\nexit 1\n")
+	if err := os.Chmod(exe, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return "libvirt: {driver: " + exe + "}\n"
+}
+
 func TestAgentLibvirtURIConfig(t *testing.T) {
 	dir := t.TempDir()
-	s, err := loadNode(t, dir, "node: n1\nagent: {}\n").resolve()
+	lv := fakeDriver(t, dir)
+	s, err := loadNode(t, dir, lv+"node: n1\nagent: {}\n").resolve()
 	if err != nil || s.agent.LibvirtURI != "qemu:///system" {
 		t.Fatalf("default: %+v %v", s.agent, err)
 	}
-	s, err = loadNode(t, dir, "node: n1\nagent: {libvirt_uri: \"qemu+ssh://root@kvm1/system?keyfile=/etc/understudy/id\"}\n").resolve()
+	s, err = loadNode(t, dir, lv+"node: n1\nagent: {libvirt_uri: \"qemu+ssh://root@kvm1/system?keyfile=/etc/understudy/id\"}\n").resolve()
 	if err != nil || s.agent.LibvirtURI != "qemu+ssh://root@kvm1/system?keyfile=/etc/understudy/id" {
 		t.Fatalf("remote: %+v %v", s.agent, err)
 	}
@@ -32,7 +44,7 @@ func TestAgentLibvirtURIConfig(t *testing.T) {
 		"lxc:///":                 "must use the driver qemu",
 		"qemu+ssh://u:p@h/system": "must not carry a password",
 	} {
-		err := loadNode(t, dir, "node: n1\nagent: {libvirt_uri: \""+uri+"\"}\n").Validate()
+		err := loadNode(t, dir, lv+"node: n1\nagent: {libvirt_uri: \""+uri+"\"}\n").Validate()
 		var ce *ConfigError
 		if !errors.As(err, &ce) || ce.Field != "agent.libvirt_uri" || !strings.Contains(ce.Rule, rule) || ce.Value != uri {
 			t.Errorf("%s: %v; want agent.libvirt_uri: ...%s", uri, err, rule)
@@ -45,7 +57,9 @@ func TestNodeFileLibvirtFenceSteps(t *testing.T) {
 		"          - {name: stop, driver: exec, timeout: 1s, exec: {command: pg_ctl}}\n"
 	ok := pair + "          - {name: off, driver: libvirt-destroy, timeout: 3s, libvirt: {uri: \"qemu+ssh://root@kvm1/system\", domain: pg-a}}\n" +
 		"          - {name: cut, driver: libvirt-link-down, timeout: 1s, libvirt: {domain: pg-a, mac: \"52:54:00:12:34:56\"}}\n"
-	s, err := loadNode(t, t.TempDir(), ok).resolve()
+	dir := t.TempDir()
+	lv := fakeDriver(t, dir)
+	s, err := loadNode(t, dir, lv+ok).resolve()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +67,7 @@ func TestNodeFileLibvirtFenceSteps(t *testing.T) {
 	if len(steps) != 3 || steps[1].Libvirt.Domain != "pg-a" || steps[2].Libvirt.MAC != "52:54:00:12:34:56" {
 		t.Fatalf("%+v", steps)
 	}
-	err = loadNode(t, t.TempDir(), pair+"          - {name: off, driver: libvirt-destroy, timeout: 3s, libvirt: {uri: \"qemu+ssh:///system\", domain: pg-a}}\n").Validate()
+	err = loadNode(t, dir, lv+pair+"          - {name: off, driver: libvirt-destroy, timeout: 3s, libvirt: {uri: \"qemu+ssh:///system\", domain: pg-a}}\n").Validate()
 	var ce *ConfigError
 	if !errors.As(err, &ce) || ce.Field != "pairs[0].procedures.fence.steps[1].libvirt.uri" || !strings.Contains(ce.Rule, "needs a host") {
 		t.Fatalf("%v", err)
@@ -66,19 +80,18 @@ func TestNodeFileLibvirtFenceSteps(t *testing.T) {
 	}
 }
 
-func TestAgentLibvirtDriverConfig(t *testing.T) {
+// libvirt.driver is the node's understudy-libvirt, for the agent and the
+// pairs' libvirt steps alike: given, it must be an executable; not given,
+// it must be found (next to understudy, or in PATH) when the node runs an
+// agent or a libvirt step — at load, not at the first fence.
+func TestLibvirtDriverConfig(t *testing.T) {
 	dir := t.TempDir()
-	exe := writeFile(t, dir, "understudy-libvirt", "#!/bin/sh\n")
-	if err := os.Chmod(exe, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	lv := fakeDriver(t, dir)
+	exe := filepath.Join(dir, "understudy-libvirt")
 	plain := writeFile(t, dir, "not-executable", "")
-	s, err := loadNode(t, dir, "node: n1\nagent: {libvirt_driver: "+exe+"}\n").resolve()
+	s, err := loadNode(t, dir, lv+"node: n1\nagent: {}\n").resolve()
 	if err != nil || s.agent.LibvirtDriver.Path != exe || s.libvirtDriver.Path != exe {
 		t.Fatalf("%+v %+v %v", s.agent, s.libvirtDriver, err)
-	}
-	if s, err := loadNode(t, dir, "node: n1\nagent: {}\n").resolve(); err != nil || s.agent.LibvirtDriver != (libvirt.DriverConfig{}) {
-		t.Fatalf("default (looked up at start): %+v %v", s.agent, err)
 	}
 	for path, rule := range map[string]string{
 		"bin/understudy-libvirt":      "must be an absolute path",
@@ -86,11 +99,47 @@ func TestAgentLibvirtDriverConfig(t *testing.T) {
 		dir:                           "not a directory or a device",
 		plain:                         "must be executable",
 	} {
-		err := loadNode(t, dir, "node: n1\nagent: {libvirt_driver: \""+path+"\"}\n").Validate()
+		err := loadNode(t, dir, "node: n1\nlibvirt: {driver: \""+path+"\"}\n").Validate()
 		var ce *ConfigError
-		if !errors.As(err, &ce) || ce.Field != "agent.libvirt_driver" || !strings.Contains(ce.Rule, rule) || ce.Value != path {
-			t.Errorf("%s: %v; want agent.libvirt_driver: ...%s", path, err, rule)
+		if !errors.As(err, &ce) || ce.Field != "libvirt.driver" || !strings.Contains(ce.Rule, rule) || ce.Value != path {
+			t.Errorf("%s: %v; want libvirt.driver: ...%s", path, err, rule)
 		}
+	}
+
+	// Not given: found in PATH (or next to the executable) at load.
+	pairWith := func(driver, fields string) string {
+		return "node: site-a\npairs:\n  - pair: pg-main\n    primary: site-a\n    replica: site-b\n    fence_grace: 5s\n    failover_timeout: 10s\n    procedures:\n      fence:\n        steps:\n" +
+			"          - {name: off, driver: " + driver + ", timeout: 3s, libvirt: {" + fields + "}}\n"
+	}
+	t.Setenv("PATH", dir)
+	for _, node := range []string{"node: n1\nagent: {}\n", pairWith("libvirt-destroy", "domain: pg-a")} {
+		s, err := loadNode(t, dir, node).resolve()
+		if err != nil || s.libvirtDriver.Path != exe {
+			t.Fatalf("found in PATH: %+v %v", s.libvirtDriver, err)
+		}
+	}
+	t.Setenv("PATH", t.TempDir())
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "config: libvirt.driver: understudy-libvirt not found next to " + self + " or in PATH: build it with make build, or set libvirt.driver"
+	for _, node := range []string{"node: n1\nagent: {}\n", pairWith("libvirt-link-down", "domain: pg-a, mac: \"52:54:00:12:34:56\"")} {
+		err := loadNode(t, dir, node).Validate()
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Field != "libvirt.driver" || err.Error() != want {
+			t.Errorf("%s: %v\nwant %s", node, err, want)
+		}
+	}
+	// A node that runs no agent and no libvirt step needs none.
+	if s, err := loadNode(t, dir, "node: n1\n").resolve(); err != nil || s.libvirtDriver != (libvirt.DriverConfig{}) {
+		t.Fatalf("a node without libvirt: %+v %v", s.libvirtDriver, err)
+	}
+
+	// agent.libvirt_driver moved.
+	err = loadNode(t, dir, "node: n1\nagent: {libvirt_driver: "+exe+"}\n").Validate()
+	if err == nil || !strings.Contains(err.Error(), "config: agent.libvirt_driver = "+exe+": moved to libvirt.driver") {
+		t.Errorf("agent.libvirt_driver: %v", err)
 	}
 }
 
@@ -245,7 +294,7 @@ func TestAgentRunsLibvirtInItsOwnDriverProcess(t *testing.T) {
 
 func TestAgentContainerConfig(t *testing.T) {
 	dir := t.TempDir()
-	s, err := loadNode(t, dir, "node: n1\nagent:\n  container:\n    runtime: runc\n    ulimits: [nofile=1024:1024, nproc=1024:1024]\n    env: {CONTAINERS_CONF: /etc/understudy/containers.conf, A: b}\n").resolve()
+	s, err := loadNode(t, dir, fakeDriver(t, dir)+"node: n1\nagent:\n  container:\n    runtime: runc\n    ulimits: [nofile=1024:1024, nproc=1024:1024]\n    env: {CONTAINERS_CONF: /etc/understudy/containers.conf, A: b}\n").resolve()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +307,7 @@ func TestAgentContainerConfig(t *testing.T) {
 		"ulimits: [host, x]":   "config: agent.container.ulimits[1] = x: must be a podman ulimit",
 		"env: {\"\": nothing}": "agent.container.env = =nothing: must be NAME=value",
 	} {
-		err := loadNode(t, dir, "node: n1\nagent:\n  container: {"+yaml+"}\n").Validate()
+		err := loadNode(t, dir, fakeDriver(t, dir)+"node: n1\nagent:\n  container: {"+yaml+"}\n").Validate()
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want %q", yaml, err, want)
 		}
@@ -267,11 +316,12 @@ func TestAgentContainerConfig(t *testing.T) {
 
 func TestAgentCallTimeoutConfig(t *testing.T) {
 	dir := t.TempDir()
-	s, err := loadNode(t, dir, "node: n1\nagent: {call_timeout: 2m}\n").resolve()
+	lv := fakeDriver(t, dir)
+	s, err := loadNode(t, dir, lv+"node: n1\nagent: {call_timeout: 2m}\n").resolve()
 	if err != nil || s.agent.CallTimeout != 2*time.Minute {
 		t.Fatalf("%+v %v", s.agent, err)
 	}
-	err = loadNode(t, dir, "node: n1\nagent: {call_timeout: 10ms}\n").Validate()
+	err = loadNode(t, dir, lv+"node: n1\nagent: {call_timeout: 10ms}\n").Validate()
 	if err == nil || !strings.Contains(err.Error(), "config: agent.call_timeout = 10ms: must be a duration from 1s to 24h") {
 		t.Errorf("%v", err)
 	}

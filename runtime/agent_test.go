@@ -17,6 +17,7 @@ import (
 	"understudy/actors/agent"
 	"understudy/actors/resources"
 	"understudy/actors/resources/libvirt"
+	"understudy/actors/resources/libvirt/libvirttest"
 	"understudy/actors/resources/libvirt/rules"
 	"understudy/events"
 )
@@ -306,24 +307,26 @@ func TestApplyManifestRefusesBadSpecs(t *testing.T) {
 
 // A reconcile that outlives agent.call_timeout fails the resource (and is
 // retried) instead of stalling its actor; the rest of the manifest is not
-// held up.
+// held up. Here a vm whose libvirt never answers: the call is cut off by
+// killing the understudy-libvirt process it hangs in.
 func TestAgentCallTimeoutCutsOffAHungReconcile(t *testing.T) {
-	w := startAgentWorld(t, AgentConfig{ID: "n5", CallTimeout: 300 * time.Millisecond, ObserveInterval: time.Second,
+	silent := libvirttest.SilentLibvirtd(t)
+	w := startAgentWorld(t, AgentConfig{ID: "n5", CallTimeout: time.Second, ObserveInterval: time.Second,
+		LibvirtURI: silent.URI(), LibvirtDriver: libvirt.DriverConfig{Path: libvirtDriverBinary(t)},
 		RetryBase: time.Minute, RetryMax: time.Minute})
 	motd := filepath.Join(t.TempDir(), "motd")
 	m := w.apply(agent.Manifest{Resources: []agent.Resource{
-		res("hung", "process", map[string]any{"command": "sleep", "args": []any{"60"},
-			"init": []any{map[string]any{"name": "wait", "command": "sleep", "args": []any{"60"}, "timeout": "120s"}}}),
+		res("hung", "vm", map[string]any{"domain_type": "test", "memory": "512MiB", "disks": []any{map[string]any{"path": "/var/lib/libvirt/images/hung.qcow2"}}}),
 		res("motd", "file", map[string]any{"path": motd, "content": "hi\n"}),
 	}})
 	start := time.Now()
 	s := w.waitStatus("hung failed, motd ready", func(s agent.Status) bool {
 		return s.ManifestGeneration == m.Generation && s.Resources["hung"].Phase == agent.Failed && s.Resources["motd"].Phase == agent.Ready
 	})
-	if took := time.Since(start); took > 10*time.Second {
+	if took := time.Since(start); took > 15*time.Second {
 		t.Errorf("the cut-off took %v", took)
 	}
-	if e := s.Resources["hung"].Error; !strings.Contains(e, "cut off after agent.call_timeout 300ms") {
+	if e := s.Resources["hung"].Error; !strings.Contains(e, "cut off after agent.call_timeout 1s") {
 		t.Errorf("error %q", e)
 	}
 }
@@ -388,5 +391,21 @@ func TestAgentRetriesAFailedDelete(t *testing.T) {
 	})
 	if _, err := os.Stat(motd); !os.IsNotExist(err) {
 		t.Errorf("motd still there: %v", err)
+	}
+}
+
+// A resource whose init steps may take longer than agent.call_timeout is
+// refused with the numbers, not cut off and retried forever.
+func TestAgentRefusesStepsLongerThanTheCallTimeout(t *testing.T) {
+	w := startAgentWorld(t, AgentConfig{ID: "n8", CallTimeout: time.Minute})
+	m := w.apply(agent.Manifest{Resources: []agent.Resource{
+		res("long", "process", map[string]any{"command": "sleep", "args": []any{"60"},
+			"init": []any{map[string]any{"name": "a", "command": "true", "timeout": "40s"}, map[string]any{"name": "b", "command": "true", "timeout": "40s"}}}),
+	}})
+	s := w.waitStatus("refused", func(s agent.Status) bool {
+		return s.ManifestGeneration == m.Generation && s.Resources["long"].Phase == agent.Refused
+	})
+	if e := s.Resources["long"].Error; !strings.Contains(e, "may take 1m20s (the sum of their timeouts), more than agent.call_timeout 1m0s") {
+		t.Errorf("error %q", e)
 	}
 }

@@ -3,6 +3,7 @@ package runtime
 import (
 	"understudy/actors"
 	"understudy/actors/agent"
+	"understudy/actors/procedure"
 	"understudy/actors/resources"
 	"understudy/actors/resources/libvirt"
 	"understudy/actors/resources/libvirt/rules"
@@ -66,6 +67,9 @@ type Config struct {
 	// Agent, when set, runs this node's agent: it converges to the
 	// manifest at desired-state.<id> of the fleet bucket.
 	Agent *AgentSection `yaml:"agent"`
+	// Libvirt says where understudy-libvirt is: the process that runs
+	// every libvirt call of this node, for the agent and the pairs alike.
+	Libvirt LibvirtSection `yaml:"libvirt"`
 	// BaseDir resolves relative pair file paths: the node file's directory.
 	BaseDir string `yaml:"-"`
 
@@ -213,8 +217,20 @@ type settings struct {
 	members []MemberConfig
 	agent   *AgentConfig
 	// libvirtDriver is where understudy-libvirt is, for the agent's kinds
-	// and the members' libvirt fence steps alike.
+	// and the members' libvirt steps alike: resolved at load (libvirt.driver,
+	// else FindDriver) when the agent or a libvirt step may need it, else
+	// zero (looked up at the first start, if any).
 	libvirtDriver libvirt.DriverConfig
+}
+
+// LibvirtSection is the node file's libvirt section.
+type LibvirtSection struct {
+	// Driver is the understudy-libvirt executable (an absolute path),
+	// which runs every libvirt call of this node: the agent's vm and
+	// network kinds, and the libvirt steps of its pairs' procedures.
+	// Default: next to understudy, else in PATH. When the node runs an
+	// agent or a libvirt step, it must be found at load.
+	Driver string `yaml:"driver"`
 }
 
 // AgentSection is the node file's agent section.
@@ -224,10 +240,9 @@ type AgentSection struct {
 	CallTimeout     string `yaml:"call_timeout"`     // default 15m: bounds each observe, reconcile, delete
 	AllowShellJobs  bool   `yaml:"allow_shell_jobs"` // default false
 	LibvirtURI      string `yaml:"libvirt_uri"`      // default qemu:///system
-	// LibvirtDriver is the understudy-libvirt executable, which runs every
-	// libvirt call of this node (the vm and network kinds, and the
-	// libvirt fence steps of its pairs); default: next to understudy, else
-	// in PATH.
+	// LibvirtDriver is refused: the setting moved to the node-wide
+	// libvirt.driver (the pairs' libvirt steps use it too). Read only to
+	// say so.
 	LibvirtDriver string `yaml:"libvirt_driver"`
 	// Container configures podman for the container kind (podman's own
 	// defaults when absent).
@@ -375,11 +390,7 @@ func (c Config) resolve() (settings, error) {
 			ac.LibvirtURI = a.LibvirtURI
 		}
 		if a.LibvirtDriver != "" {
-			if rule := executableRule(a.LibvirtDriver); rule != "" {
-				bad("agent.libvirt_driver", rule, a.LibvirtDriver)
-			}
-			ac.LibvirtDriver.Path = a.LibvirtDriver
-			s.libvirtDriver = ac.LibvirtDriver
+			bad("agent.libvirt_driver", "moved to libvirt.driver, which the node's libvirt fence steps use too: write libvirt: {driver: "+a.LibvirtDriver+"} at the top of the node file", a.LibvirtDriver)
 		}
 		if ac.ID == "" {
 			ac.ID = c.Node
@@ -422,6 +433,25 @@ func (c Config) resolve() (settings, error) {
 	members, perrs := resolvePairs(c.Node, c.Pairs, c.BaseDir)
 	errs = append(errs, perrs...)
 	s.members = members
+
+	// understudy-libvirt: checked at load wherever it can be needed, so
+	// that a missing one is not found out by the first fence.
+	switch {
+	case c.Libvirt.Driver != "":
+		if rule := executableRule(c.Libvirt.Driver); rule != "" {
+			bad("libvirt.driver", rule, c.Libvirt.Driver)
+		}
+		s.libvirtDriver.Path = c.Libvirt.Driver
+	case c.Agent != nil || usesLibvirt(members):
+		p, err := libvirt.FindDriver()
+		if err != nil {
+			bad("libvirt.driver", err.Error(), "")
+		}
+		s.libvirtDriver.Path = p
+	}
+	if s.agent != nil {
+		s.agent.LibvirtDriver = s.libvirtDriver
+	}
 
 	if _, _, err := splitListen(c.HTTP, false); err != nil {
 		bad("http", err.Error(), c.HTTP)
@@ -559,6 +589,22 @@ func LoadConfigFile(path string) (Config, error) {
 	}
 	c.BaseDir = abs
 	return c, nil
+}
+
+// usesLibvirt reports whether a step of the members' procedures runs
+// through libvirt (libvirt-destroy, libvirt-link-down).
+func usesLibvirt(members []MemberConfig) bool {
+	for _, m := range members {
+		p := m.Procedures
+		for _, chain := range []procedure.ChainSpec{p.Fence, p.Promote, p.Demote, p.Check} {
+			for _, step := range chain.Steps {
+				if step.Libvirt != nil || step.Driver == procedure.DriverLibvirtDestroy || step.Driver == procedure.DriverLibvirtLinkDown {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // executableRule returns the rule the path of an executable breaks: an

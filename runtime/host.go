@@ -29,7 +29,9 @@ func Codec() *events.Registry {
 
 // DefaultDrivers are the procedure drivers of every node: exec, and the
 // libvirt fence drivers (libvirt-destroy, libvirt-link-down) on lv — a
-// libvirt.DriverProcess, which runs their calls in understudy-libvirt.
+// libvirt.DriverProcess, which runs each of their steps in an
+// understudy-libvirt process of its own (killed at the step's deadline
+// without touching the steps of other pairs).
 func DefaultDrivers(lv libvirt.Connector) procedure.Drivers {
 	d := procedure.DefaultDrivers()
 	maps.Copy(d, libvirt.FenceDrivers(lv))
@@ -39,11 +41,13 @@ func DefaultDrivers(lv libvirt.Connector) procedure.Drivers {
 // HostOptions tune a Host.
 type HostOptions struct {
 	Logger *slog.Logger
-	// Drivers run the members' steps; nil: DefaultDrivers on an
-	// understudy-libvirt process of the Host's own, started on the first
-	// libvirt step and stopped with the Host.
+	// Drivers run the members' steps; nil: DefaultDrivers on a
+	// libvirt.DriverProcess of the Host's own, which starts an
+	// understudy-libvirt for each libvirt step; Stop kills those of steps
+	// still running.
 	Drivers procedure.Drivers
-	// LibvirtDriver is where that process is (see libvirt.DriverConfig).
+	// LibvirtDriver is where understudy-libvirt is (see
+	// libvirt.DriverConfig; the node file's libvirt.driver).
 	LibvirtDriver libvirt.DriverConfig
 	Observe       func(Transition) // see MemberDeps.Observe
 	Metrics       *MemberMetrics   // see MemberDeps.Metrics
@@ -53,7 +57,7 @@ type HostOptions struct {
 type Host struct {
 	engine  *actor.Engine
 	pids    []*actor.PID
-	libvirt *libvirt.DriverProcess // nil when HostOptions.Drivers were given
+	libvirt *libvirt.DriverProcess // the libvirt steps'; nil when HostOptions.Drivers were given
 	Log     events.Log
 	KV      events.KV
 }
@@ -112,9 +116,9 @@ func (h *Host) Shutdown(ctx context.Context) {
 }
 
 // Stop stops every member (their resources with them) and waits for them,
-// then the understudy-libvirt process of the fence steps, if one runs. It
-// does not fence: a member stopping leaves its resource as it is, and the
-// next start comes up fenced.
+// then kills the understudy-libvirt processes of libvirt steps still
+// running. It does not fence: a member stopping leaves its resource as it
+// is, and the next start comes up fenced.
 func (h *Host) Stop(ctx context.Context) {
 	if h.libvirt != nil {
 		defer h.libvirt.Close()

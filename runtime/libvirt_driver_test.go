@@ -3,7 +3,6 @@ package runtime
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -11,58 +10,24 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"understudy/actors/procedure"
 	"understudy/actors/resources/libvirt"
+	"understudy/actors/resources/libvirt/libvirttest"
 	"understudy/actors/resources/libvirt/rules"
 )
 
 // The understudy-libvirt binary, built once per test binary: the agent's
 // libvirt kinds and the libvirt fence steps run their calls in it.
 
-var (
-	driverOnce sync.Once
-	driverDir  string // removed by TestMain
-	driverPath string
-	driverErr  error
-)
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if driverDir != "" {
-		_ = os.RemoveAll(driverDir)
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { libvirttest.Main(m) }
 
 // libvirtDriverBinary builds understudy-libvirt and checks that it loads
 // libvirt; either failing fails the test (never a skip).
-func libvirtDriverBinary(t *testing.T) string {
-	t.Helper()
-	driverOnce.Do(func() {
-		driverDir, driverErr = os.MkdirTemp("", "understudy-runtime-test-")
-		if driverErr != nil {
-			return
-		}
-		driverPath = filepath.Join(driverDir, libvirt.DriverName)
-		out, err := exec.Command("go", "build", "-tags", "libvirt_dlopen", "-o", driverPath, "understudy/cmd/understudy-libvirt").CombinedOutput()
-		if err != nil {
-			driverErr = fmt.Errorf("cannot build %s (it links libvirt through cgo: it needs gcc): %v\n%s", libvirt.DriverName, err, out)
-			return
-		}
-		if out, err := exec.Command(driverPath, "--version").CombinedOutput(); err != nil {
-			driverErr = fmt.Errorf("%s cannot load libvirt: run scripts/install-test-deps.sh (it installs libvirt0, whose test:///default driver these tests use): %v\n%s", libvirt.DriverName, err, out)
-		}
-	})
-	if driverErr != nil {
-		t.Fatal(driverErr)
-	}
-	return driverPath
-}
+func libvirtDriverBinary(t *testing.T) string { return libvirttest.DriverBinary(t) }
 
 // libvirtDriverSocket runs one understudy-libvirt on a unix socket for the
 // test: the agent and the test both connect to it, so the test sees (and
@@ -144,9 +109,10 @@ func childrenRunning(t *testing.T, path string) []int {
 	return pids
 }
 
-// A Host's libvirt fence steps run in an understudy-libvirt of the Host's
-// own: started by the first step, stopped with the Host.
-func TestHostStopsItsLibvirtDriverProcess(t *testing.T) {
+// A Host's libvirt fence steps each run in an understudy-libvirt of their
+// own, started for the step and gone after it; Stop kills one whose step
+// still runs.
+func TestHostRunsEachLibvirtStepInAProcessOfItsOwn(t *testing.T) {
 	bin := libvirtDriverBinary(t)
 	fn := startFailoverNATS(t)
 	h, err := StartHost(context.Background(), fn.js, fn.names.EventsStream, fn.names.FailoverBucket, nil,
@@ -154,6 +120,7 @@ func TestHostStopsItsLibvirtDriverProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer h.Stop(context.Background())
 	if h.libvirt == nil {
 		t.Fatal("a Host with the default drivers has no libvirt driver process")
 	}
@@ -166,11 +133,45 @@ func TestHostStopsItsLibvirtDriverProcess(t *testing.T) {
 	if o.Result != procedure.ResultFailed || !strings.Contains(o.Detail, "domain pg-typo: not found") {
 		t.Fatalf("%+v", o)
 	}
+	waitChildren(t, bin, 0, "after the step")
+
+	// A step that hangs: its process runs until Stop.
+	silent := libvirttest.SilentLibvirtd(t)
+	done := make(chan procedure.Outcome, 1)
+	go func() {
+		hung := procedure.StepSpec{Name: "off", Driver: procedure.DriverLibvirtDestroy, Timeout: time.Minute,
+			Libvirt: &procedure.LibvirtSpec{URI: silent.URI(), Domain: "pg-a"}}
+		done <- DefaultDrivers(h.libvirt).Run(context.Background(), hung)
+	}()
+	select {
+	case <-silent.Accepted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the hung step never reached the silent libvirtd")
+	}
 	if pids := childrenRunning(t, bin); len(pids) != 1 {
-		t.Fatalf("understudy-libvirt processes after a step: %v, want one", pids)
+		t.Fatalf("understudy-libvirt processes during a step: %v, want one", pids)
 	}
 	h.Stop(context.Background())
 	if pids := childrenRunning(t, bin); len(pids) != 0 {
 		t.Fatalf("understudy-libvirt still runs after the Host stopped: %v", pids)
+	}
+	if o := <-done; o.Result != procedure.ResultFailed || !strings.Contains(o.Detail, "was stopped during the call") {
+		t.Fatalf("the hung step after Stop: %+v", o)
+	}
+}
+
+// waitChildren waits until n understudy-libvirt children run.
+func waitChildren(t *testing.T, bin string, n int, when string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		pids := childrenRunning(t, bin)
+		if len(pids) == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("understudy-libvirt processes %s: %v, want %d", when, pids, n)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

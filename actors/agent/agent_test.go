@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -72,6 +73,44 @@ func TestValidate(t *testing.T) {
 	}
 	if _, err := ParseManifestYAML([]byte("agent: n1\nresorces: []")); err == nil || !strings.Contains(err.Error(), "resorces") {
 		t.Errorf("unknown manifest field: %v", err)
+	}
+}
+
+// namedKind is a kind whose resources manage a thing named by the spec's
+// name, else by their id (as libvirt's vm and network kinds).
+type namedKind struct{ kind string }
+
+func (k namedKind) Kind() string                { return k.kind }
+func (namedKind) Validate(resources.Spec) error { return nil }
+func (namedKind) Observe(context.Context, string, resources.Spec) (resources.Observation, error) {
+	return resources.Observation{}, nil
+}
+func (namedKind) Reconcile(context.Context, string, resources.Spec) (resources.Observation, error) {
+	return resources.Observation{}, nil
+}
+func (namedKind) Delete(context.Context, string, resources.Spec) error { return nil }
+func (k namedKind) Identity(id string, spec resources.Spec) string {
+	if n, ok := spec["name"].(string); ok {
+		id = n
+	}
+	return k.kind + " " + id
+}
+
+// Two resources of one kind managing one thing are refused; the same name
+// in two kinds is two things.
+func TestValidateRefusesTwoResourcesManagingOneThing(t *testing.T) {
+	reg := resources.Registry{"vm": namedKind{"vm"}, "network": namedKind{"network"}}
+	m, err := ParseManifestYAML([]byte("agent: n1\nresources:\n  - {id: web, kind: vm}\n  - {id: lab, kind: network}\n  - {id: web2, kind: vm, spec: {name: web}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = m.Validate(reg, true)
+	if err == nil || err.Error() != "manifest: resources[2].spec: manages vm web, as resources[0] (web) does: two resources cannot manage one thing; give one of them another name" {
+		t.Fatalf("%v", err)
+	}
+	m.Resources[2].Spec = map[string]any{"name": "lab"}
+	if err := m.Validate(reg, true); err != nil {
+		t.Fatalf("a vm and a network of one name: %v", err)
 	}
 }
 

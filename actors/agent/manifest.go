@@ -68,7 +68,9 @@ func ParseManifestYAML(data []byte) (Manifest, error) {
 // Validate checks the manifest's shape, and each resource's spec with its
 // kind's reconciler when reg knows the kind. A kind reg does not know is
 // not an error here unless strict: an agent keeps such a resource and
-// reports it as UnknownResource, and the rest still converge.
+// reports it as UnknownResource, and the rest still converge. Resources of
+// a kind whose reconciler is resources.Named must not manage one thing
+// (two vm resources naming one libvirt domain).
 func (m Manifest) Validate(reg resources.Registry, strict bool) error {
 	if m.Agent == "" {
 		return &ManifestError{"agent", "required"}
@@ -80,6 +82,7 @@ func (m Manifest) Validate(reg resources.Registry, strict bool) error {
 		return &ManifestError{"resources", fmt.Sprintf("at most %d (got %d)", MaxResources, len(m.Resources))}
 	}
 	seen := map[string]int{}
+	named := map[[2]string]int{} // kind, identity → index
 	for i, r := range m.Resources {
 		f := func(name string) string { return fmt.Sprintf("resources[%d].%s", i, name) }
 		switch {
@@ -103,6 +106,16 @@ func (m Manifest) Validate(reg resources.Registry, strict bool) error {
 		}
 		if err := rec.Validate(r.Spec); err != nil {
 			return &ManifestError{f("spec"), err.Error()}
+		}
+		if n, ok := rec.(resources.Named); ok {
+			key := [2]string{r.Kind, n.Identity(r.ID, r.Spec)}
+			if key[1] == "" {
+				continue
+			}
+			if j, dup := named[key]; dup {
+				return &ManifestError{f("spec"), fmt.Sprintf("manages %s, as resources[%d] (%s) does: two resources cannot manage one thing; give one of them another name", key[1], j, m.Resources[j].ID)}
+			}
+			named[key] = i
 		}
 	}
 	return nil

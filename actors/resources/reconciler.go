@@ -42,6 +42,17 @@ type Reconciler interface {
 	Delete(ctx context.Context, id string, spec Spec) error
 }
 
+// Named is implemented by a Reconciler whose resources manage something
+// with a name of its own in the system it manages (a libvirt domain): two
+// resources of one manifest naming the same thing would fight over it, so
+// the manifest refuses them (agent.Manifest.Validate). Optional.
+type Named interface {
+	// Identity is what resource id with spec manages, as a phrase that
+	// names it ("domain web"); equal phrases of one kind are one thing.
+	// "" for a spec Validate refuses. It touches nothing.
+	Identity(id string, spec Spec) string
+}
+
 // SpecError names the spec field that breaks a rule.
 type SpecError struct {
 	Kind  string

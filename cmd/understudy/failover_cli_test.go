@@ -34,7 +34,9 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// understudyBinary builds the binary once per test run.
+// understudyBinary builds the binary once per test run, with
+// understudy-libvirt beside it as make build puts it (a node that runs an
+// agent needs it at load).
 func understudyBinary(t testing.TB) string {
 	t.Helper()
 	binOnce.Do(func() {
@@ -43,7 +45,7 @@ func understudyBinary(t testing.TB) string {
 			return
 		}
 		binPath = filepath.Join(binDir, "understudy")
-		out, err := exec.Command("go", "build", "-tags", "libvirt_dlopen", "-o", binPath, ".").CombinedOutput()
+		out, err := exec.Command("go", "build", "-tags", "libvirt_dlopen", "-o", binDir+string(filepath.Separator), ".", "understudy/cmd/understudy-libvirt").CombinedOutput()
 		if err != nil {
 			binErr = fmt.Errorf("go build: %v\n%s", err, out)
 		}

@@ -55,7 +55,11 @@ type VM struct {
 	Name string
 	// UUID is kept across redefinitions (libvirt refuses to redefine a
 	// name under another UUID); empty lets libvirt pick one.
-	UUID      string
+	UUID string
+	// Owner is the resource the domain belongs to: its definition carries
+	// Owner's marker, and an existing domain is redefined only when it
+	// carries it too (see Owner). Zero: no marker, no check.
+	Owner     Owner
 	Type      string // DomainKVM (default), DomainQEMU or DomainTest
 	VCPUs     int
 	MemoryMiB uint64
@@ -96,6 +100,9 @@ func (v *VM) WithType(t string) *VM { v.Type = t; return v }
 
 // WithUUID sets the UUID (to redefine an existing domain).
 func (v *VM) WithUUID(uuid string) *VM { v.UUID = uuid; return v }
+
+// WithOwner sets the resource the domain belongs to.
+func (v *VM) WithOwner(o Owner) *VM { v.Owner = o; return v }
 
 // WithVCPUs sets the number of virtual CPUs.
 func (v *VM) WithVCPUs(n int) *VM { v.VCPUs = n; return v }
@@ -258,6 +265,8 @@ func (n NIC) withDefaults() NIC {
 type Network struct {
 	Name string
 	UUID string // kept across redefinitions; empty lets libvirt pick one
+	// Owner is the resource the network belongs to, as VM.Owner.
+	Owner Owner
 	// Bridge is the bridge device: created by libvirt (nat, route, open,
 	// isolated; "" lets libvirt pick virbrN), or an existing host bridge
 	// (forward bridge, required then).
@@ -280,6 +289,9 @@ func NewNetwork(name string) *Network { return &Network{Name: name, Forward: For
 
 // WithUUID sets the UUID (to redefine an existing network).
 func (n *Network) WithUUID(uuid string) *Network { n.UUID = uuid; return n }
+
+// WithOwner sets the resource the network belongs to.
+func (n *Network) WithOwner(o Owner) *Network { n.Owner = o; return n }
 
 // WithBridge sets the bridge device name.
 func (n *Network) WithBridge(name string) *Network { n.Bridge = name; return n }

@@ -17,12 +17,17 @@ func IsUUID(ref string) bool { return uuidRE.MatchString(ref) }
 // reports as st gets v's definition: "" when st is a defined, persistent
 // domain whose persistent definition (st.XML) already is v's. The XML
 // keeps st's UUID and the MACs libvirt gave the NICs v leaves without one,
-// so a redefinition changes neither. v is not modified.
+// so a redefinition changes neither. A defined domain that is not v.Owner's
+// is an error wrapping ErrNotOwned (see Owner). v is not modified.
 func (v *VM) Redefinition(st DomainStatus) (string, error) {
 	var saved definition
 	if st.Defined {
 		d, err := parseDomain(st.XML)
 		if err != nil {
+			return "", err
+		}
+		have, found := ownerOf(d.Metadata)
+		if err := checkOwner("domain", v.Name, v.Owner, have, found); err != nil {
 			return "", err
 		}
 		saved = definitionOf(d)
@@ -74,12 +79,17 @@ func macTaken(nics []NIC, mac string) bool {
 // active with another definition: it must be stopped before the new one is
 // defined (a definition given to an active network waits for its restart,
 // and the test driver never applies it), then started again. The XML
-// keeps st's UUID.
+// keeps st's UUID. A defined network that is not n.Owner's is an error
+// wrapping ErrNotOwned.
 func (n *Network) Redefinition(st NetworkStatus) (xml string, restart bool, err error) {
 	changed := false
 	if st.Defined {
 		parsed, err := parseNetwork(st.XML)
 		if err != nil {
+			return "", false, err
+		}
+		have, found := ownerOf(parsed.Metadata)
+		if err := checkOwner("network", n.Name, n.Owner, have, found); err != nil {
 			return "", false, err
 		}
 		changed = len(netDefinitionOf(n.network()).diff(netDefinitionOf(parsed))) > 0
@@ -123,6 +133,8 @@ type domainInfo struct {
 	status DomainStatus
 	saved  definition
 	live   *definition
+	owner  Owner // the persistent definition's ownership marker,
+	marked bool  // if it has one
 }
 
 func readDomain(st DomainStatus) (domainInfo, error) {
@@ -135,6 +147,7 @@ func readDomain(st DomainStatus) (domainInfo, error) {
 		return domainInfo{}, err
 	}
 	info.saved = definitionOf(d)
+	info.owner, info.marked = ownerOf(d.Metadata)
 	if st.LiveXML != "" {
 		d, err := parseDomain(st.LiveXML)
 		if err != nil {
@@ -149,6 +162,8 @@ func readDomain(st DomainStatus) (domainInfo, error) {
 type networkInfo struct {
 	status NetworkStatus
 	saved  netDefinition
+	owner  Owner
+	marked bool
 }
 
 func readNetwork(st NetworkStatus) (networkInfo, error) {
@@ -161,6 +176,7 @@ func readNetwork(st NetworkStatus) (networkInfo, error) {
 		return networkInfo{}, err
 	}
 	info.saved = netDefinitionOf(n)
+	info.owner, info.marked = ownerOf(n.Metadata)
 	return info, nil
 }
 

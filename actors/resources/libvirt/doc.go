@@ -19,9 +19,16 @@
 // (about 20 MiB of a node's memory, for nodes that may never run a VM);
 // a crash in libvirt's C code would take the node's failover members down
 // with it; and a libvirt call cannot be interrupted — killing the process
-// is what stops a fence step's call at its deadline. The process is killed
-// when a call's context ends, restarted by the next call when it died, and
-// stopped when its owner (the agent, a node's members) stops.
+// is what stops a fence step's call at its deadline. The kinds' calls share
+// one process (restarted by the next call when it died); each fence step
+// runs in one of its own, so that killing it stops that step only. A
+// process is killed, with its process group (libvirt's ssh children), when
+// its call's context ends, and stopped when its owner (the agent, a node's
+// members) stops.
+//
+// The kinds manage only what they made: the definitions they write carry
+// an ownership marker (Owner), and a domain or network of the same name
+// without it is reported, never redefined nor deleted.
 //
 // Like every driver under actors/, it does I/O but decides nothing and
 // reads no clock: when to observe, retry or fence is the caller's, and

@@ -11,8 +11,9 @@ import (
 // FenceDrivers returns the libvirt fence drivers under their step driver
 // names (procedure.DriverLibvirtDestroy, procedure.DriverLibvirtLinkDown),
 // on c, for the runtime to add to every node's procedure.Drivers. The
-// runtime gives a DriverProcess: at a step's deadline it kills its
-// understudy-libvirt process, which stops the libvirt call.
+// runtime gives a DriverProcess: each step runs in an understudy-libvirt
+// process of its own, which it kills at the step's deadline — that stops
+// the libvirt call, and no other step's.
 func FenceDrivers(c Connector) procedure.Drivers {
 	return procedure.Drivers{
 		procedure.DriverLibvirtDestroy:  DestroyDriver{Connector: c},
@@ -28,8 +29,8 @@ func FenceDrivers(c Connector) procedure.Drivers {
 // Each run opens its own connection (Connector.Fresh) and closes it after:
 // a fence must not depend on a connection that sat idle since the last
 // one. Run returns ResultTimedOut when ctx ends first; on a DriverProcess
-// the understudy-libvirt process running the call has been killed then
-// (libvirt calls cannot be interrupted otherwise).
+// the understudy-libvirt process that ran the call alone has been killed
+// then (libvirt calls cannot be interrupted otherwise).
 type DestroyDriver struct{ Connector Connector }
 
 // Run implements procedure.Driver.

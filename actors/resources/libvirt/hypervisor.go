@@ -46,7 +46,8 @@ type Hypervisor interface {
 	// StateShutoff: a graceful ACPI shutdown is requested, which the guest
 	// may take a while to honour). A running domain keeps its live
 	// definition until its next boot. EnsureVM reports the status it
-	// leaves.
+	// leaves. A domain that is not vm.Owner's (see Owner) is left alone,
+	// and the error wraps ErrNotOwned.
 	EnsureVM(ctx context.Context, vm *VM, state string, autostart bool) (DomainStatus, error)
 
 	// Start starts a defined domain; one already running is left alone.
@@ -67,8 +68,10 @@ type Hypervisor interface {
 	Undefine(ctx context.Context, name string) error
 
 	// DeleteVM destroys the domain if it runs and undefines it; an absent
-	// one is left alone. Disk images stay.
-	DeleteVM(ctx context.Context, name string) error
+	// one is left alone. Disk images stay. A domain that is not owner's
+	// is left alone too, and the error wraps ErrNotOwned (the zero Owner
+	// checks nothing).
+	DeleteVM(ctx context.Context, name string, owner Owner) error
 
 	// SetLink sets the live link state of a running domain's NIC up or
 	// down (virDomainUpdateDeviceFlags, live only: the persistent
@@ -84,13 +87,16 @@ type Hypervisor interface {
 	// EnsureNetwork defines the network when it is missing; when its
 	// persistent definition differs from net it stops it if active,
 	// redefines it (keeping its UUID) and starts it again, so the change
-	// takes effect (guests on it lose connectivity meanwhile); it starts
-	// an inactive network and sets autostart.
+	// takes effect (guests on it lose connectivity meanwhile) — if libvirt
+	// refuses the new definition, or the network will not start with it,
+	// the old definition is restored and started again before the error
+	// is returned; it starts an inactive network and sets autostart. A
+	// network that is not net.Owner's is refused with ErrNotOwned.
 	EnsureNetwork(ctx context.Context, net *Network, autostart bool) (NetworkStatus, error)
 
 	// DeleteNetwork stops and undefines the network; an absent one is
-	// left alone.
-	DeleteNetwork(ctx context.Context, name string) error
+	// left alone, and so is one that is not owner's (ErrNotOwned).
+	DeleteNetwork(ctx context.Context, name string, owner Owner) error
 }
 
 // Connector hands out the Hypervisor at a URI, in two flavours of
@@ -101,7 +107,7 @@ type Connector interface {
 	Hypervisor(uri string) Hypervisor
 	// Fresh's calls each open their own connection and close it after
 	// (fence steps: a fence must not depend on a connection that sat idle
-	// for days).
+	// for days); on a DriverProcess each runs in a process of its own.
 	Fresh(uri string) Hypervisor
 }
 

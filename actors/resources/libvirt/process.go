@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"understudy/actors/resources/libvirt/rules"
@@ -32,38 +33,49 @@ var ErrDriverMissing = errors.New(DriverName + " not found")
 type DriverConfig struct {
 	// Path is its executable. Empty: FindDriver's answer (next to the
 	// running executable, else in PATH), looked up at every start so that
-	// one installed later is found.
+	// one installed later is found. (The runtime resolves it at load.)
 	Path string
 	// Socket, when set, is the unix socket of an understudy-libvirt that
 	// someone else runs (understudy-libvirt --listen SOCKET): calls go
 	// there, nothing is started, and Path is unused. A call whose ctx ends
 	// then only drops its connection: the libvirt call goes on in that
-	// process. Tests share one process this way, to look behind the
-	// agent's back.
+	// process. For tests only — no node file sets it: they share one
+	// process between an agent and themselves this way, to look behind
+	// the agent's back (libvirt's test:///default keeps one state per
+	// process).
 	Socket string
 }
 
-// DriverProcess runs libvirt calls in an understudy-libvirt process, so
+// DriverProcess runs libvirt calls in understudy-libvirt processes, so
 // that the process calling it links no libvirt: libvirt.so.0 and the
 // forty-odd libraries it pulls in are loaded there (some 20 MiB), a crash
 // in libvirt's C code takes only that process down, and a libvirt call
 // that hangs can be stopped — by killing the process.
 //
-// The process is started on the first call (never by validation), and
-// again on the call after it died; its death is logged with its exit
-// status and the last lines of its stderr. Its log lines (JSON on its
-// stderr) are logged through the DriverProcess's logger. A call whose ctx
-// ends before the reply kills the process (every call it was running
-// fails, and the next call starts a new one) and returns the ctx's error.
-// Close stops it. Calls run concurrently (net/rpc multiplexes them); the
-// connection pool and keepalive live in the process.
+// Two kinds of process. The calls of Hypervisor share one, started on the
+// first call (never by validation) and again on the call after it died;
+// they run concurrently (net/rpc multiplexes them) on the connection pool
+// that process keeps. Each call of Fresh (a fence step) runs in a process
+// of its own, started for it (some 40 ms) and stopped after it, so that
+// killing it at the call's deadline ends that call only. A call whose ctx
+// ends before the reply kills its process — with its process group, so
+// that libvirt's own children (ssh, for qemu+ssh URIs) go too — and
+// returns the ctx's error; on the shared process every call it was running
+// fails, and the next call starts a new one. A process dies with the
+// process that started it (PR_SET_PDEATHSIG). A death nobody caused is
+// logged with its exit status and the last lines of its stderr; its log
+// lines (JSON on its stderr) are logged through the DriverProcess's
+// logger. Close stops them all.
 //
 // DriverProcess is a Connector; safe for concurrent use.
 type DriverProcess struct {
 	cfg    DriverConfig
 	logger *slog.Logger
 	mu     sync.Mutex
-	cur    *driverConn // nil: none started (or the last one was dropped)
+	cur    *driverConn // the shared process; nil: none started (or the last one was dropped)
+	// single are the processes of Fresh calls, each running one call,
+	// until they are gone.
+	single map[*driverConn]struct{}
 	closed bool
 }
 
@@ -80,6 +92,16 @@ type driverConn struct {
 	stderr *stderrLog
 	// stopped: we killed or closed it, so its end is no news.
 	stopped atomic.Bool
+	single  bool // it runs one Fresh call
+}
+
+// kill kills the process and its process group: libvirt's children with
+// it (ssh for qemu+ssh URIs), which would otherwise outlive it.
+func (c *driverConn) kill() {
+	pid := c.cmd.Process.Pid
+	if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil {
+		_ = c.cmd.Process.Kill()
+	}
 }
 
 // NewDriverProcess returns a DriverProcess; nothing starts until a call
@@ -88,20 +110,20 @@ func NewDriverProcess(cfg DriverConfig, logger *slog.Logger) *DriverProcess {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &DriverProcess{cfg: cfg, logger: logger}
+	return &DriverProcess{cfg: cfg, logger: logger, single: map[*driverConn]struct{}{}}
 }
 
-// Hypervisor implements Connector: the process keeps one connection per
-// URI for these calls.
+// Hypervisor implements Connector: its calls run in the shared process,
+// which keeps one connection per URI for them.
 func (d *DriverProcess) Hypervisor(uri string) Hypervisor { return remote{d: d, uri: uri} }
 
-// Fresh implements Connector: each call opens its own connection in the
-// process and closes it after.
+// Fresh implements Connector: each call runs in a process of its own (on
+// a Socket: a connection of its own), on a libvirt connection of its own.
 func (d *DriverProcess) Fresh(uri string) Hypervisor {
 	return remote{d: d, uri: uri, fresh: true}
 }
 
-// PID is the id of the running process; 0 when none runs (or on a
+// PID is the id of the shared process; 0 when none runs (or on a
 // Socket).
 func (d *DriverProcess) PID() int {
 	d.mu.Lock()
@@ -117,65 +139,85 @@ func (d *DriverProcess) PID() int {
 	}
 }
 
-// Close stops the process: its stdin closes, it closes its libvirt
-// connections and exits (it is killed if it has not within 5 s: a libvirt
-// call may hang). On a Socket it closes the connection, which closes the
-// connections that process opened for it. Later calls fail with
-// ErrClosed. Idempotent; it returns once the process is gone.
+// Close stops the processes. The shared one's stdin closes, it closes its
+// libvirt connections and exits (it is killed if it has not within 5 s: a
+// libvirt call may hang); those of Fresh calls still running are killed at
+// once, and their calls fail. On a Socket it closes the connections, which
+// closes the libvirt connections that process opened for them. Later calls
+// fail with ErrClosed. Idempotent; it returns once the processes are gone.
 func (d *DriverProcess) Close() error {
 	d.mu.Lock()
 	d.closed = true
-	c := d.cur
+	shared, singles := d.cur, slices.Collect(maps.Keys(d.single))
 	d.cur = nil
 	d.mu.Unlock()
-	if c == nil {
-		return nil
+	var wg sync.WaitGroup
+	if shared != nil {
+		wg.Go(func() { d.stop(shared, 5*time.Second) })
 	}
+	// A Fresh call still running is cut off: its process is killed at
+	// once (a fence step of a member that stops).
+	for _, c := range singles {
+		wg.Go(func() { d.stop(c, 0) })
+	}
+	wg.Wait()
+	return nil
+}
+
+// stop ends c: its stdin closes and it exits; it is killed if it has not
+// within grace (0: at once). On a Socket it closes the connection.
+func (d *DriverProcess) stop(c *driverConn, grace time.Duration) {
 	c.stopped.Store(true)
 	if c.cmd == nil {
-		return c.client.Close()
+		_ = c.client.Close()
+		return
+	}
+	if grace == 0 {
+		c.kill()
+		<-c.exited
+		return
 	}
 	// Only stdin: the replies of calls still running are read until it
 	// exits (closing its stdout under it would kill it with SIGPIPE).
 	_ = c.stdin.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	wait, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	select {
 	case <-c.exited:
 		d.logger.Info("libvirt: "+DriverName+" stopped", "pid", c.cmd.Process.Pid)
-	case <-ctx.Done():
-		d.logger.Warn("libvirt: "+DriverName+" still runs 5s after its stdin closed (a libvirt call hangs?); killing it", "pid", c.cmd.Process.Pid)
-		_ = c.cmd.Process.Kill()
+	case <-wait.Done():
+		d.logger.Warn("libvirt: "+DriverName+" still runs "+grace.String()+" after its stdin closed (a libvirt call hangs?); killing it", "pid", c.cmd.Process.Pid)
+		c.kill()
 		<-c.exited
 	}
-	return nil
 }
 
 // FindDriver looks for understudy-libvirt next to the running executable
-// (and next to the file it links to), then in PATH.
+// (and next to the file it links to), then in PATH. Its error wraps
+// ErrDriverMissing and says what to do.
 func FindDriver() (string, error) {
-	var tried []string
+	where := "the running executable"
 	if exe, err := os.Executable(); err == nil {
+		where = exe
 		dirs := []string{filepath.Dir(exe)}
 		if real, err := filepath.EvalSymlinks(exe); err == nil && filepath.Dir(real) != dirs[0] {
 			dirs = append(dirs, filepath.Dir(real))
+			where += " (" + real + ")"
 		}
 		for _, dir := range dirs {
 			p := filepath.Join(dir, DriverName)
 			if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode().Perm()&0o111 != 0 {
 				return p, nil
 			}
-			tried = append(tried, p)
 		}
 	}
 	if p, err := exec.LookPath(DriverName); err == nil {
 		return p, nil
 	}
-	return "", fmt.Errorf("%w: not at %s, nor in PATH: install it beside understudy (make build puts both in bin/), or name it in the node file's agent.libvirt_driver",
-		ErrDriverMissing, strings.Join(tried, ", "))
+	return "", fmt.Errorf("%w next to %s or in PATH: build it with make build, or set libvirt.driver", ErrDriverMissing, where)
 }
 
-// conn returns the running process, starting one if none runs.
+// conn returns the shared process, starting one if none runs.
 func (d *DriverProcess) conn() (*driverConn, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -197,7 +239,55 @@ func (d *DriverProcess) conn() (*driverConn, error) {
 	return c, nil
 }
 
-// forget drops c if it is the current one: the next call starts anew.
+// startSingle starts a process for one Fresh call; end it with
+// endSingle. Started outside d.mu, so that calls do not wait for each
+// other's start.
+func (d *DriverProcess) startSingle() (*driverConn, error) {
+	d.mu.Lock()
+	closed := d.closed
+	d.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	c, err := d.start()
+	if err != nil {
+		return nil, err
+	}
+	c.single = true
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed { // closed while starting
+		go d.stop(c, 0)
+		return nil, ErrClosed
+	}
+	d.single[c] = struct{}{}
+	if c.cmd != nil {
+		go func() {
+			<-c.exited
+			d.mu.Lock()
+			delete(d.single, c)
+			d.mu.Unlock()
+		}()
+	}
+	return c, nil
+}
+
+// endSingle ends the process of a Fresh call once the call returned: it
+// exits once it has closed its libvirt connection (nobody waits for that;
+// Close does). A process the call killed is gone already.
+func (d *DriverProcess) endSingle(c *driverConn) {
+	c.stopped.Store(true)
+	if c.cmd == nil {
+		d.mu.Lock()
+		delete(d.single, c)
+		d.mu.Unlock()
+		_ = c.client.Close()
+		return
+	}
+	_ = c.stdin.Close()
+}
+
+// forget drops c if it is the shared one: the next call starts anew.
 func (d *DriverProcess) forget(c *driverConn) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -236,6 +326,15 @@ func (d *DriverProcess) start() (*driverConn, error) {
 	c := &driverConn{where: path, stdin: inW, exited: make(chan struct{}), stderr: &stderrLog{logger: d.logger}}
 	cmd := exec.Command(path)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, c.stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		// A group of its own, killed as one: libvirt's children (ssh for
+		// qemu+ssh) die with it.
+		Setpgid: true,
+		// It dies with us (strictly: with the OS thread that started it;
+		// Go ends a thread only when a goroutine locked to it exits,
+		// which nothing in understudy does).
+		Pdeathsig: syscall.SIGKILL,
+	}
 	// A child of libvirt's (ssh, for qemu+ssh) may hold stderr open after
 	// the process died.
 	cmd.WaitDelay = time.Second
@@ -284,7 +383,16 @@ func (d *DriverProcess) call(ctx context.Context, method string, req *Request) (
 	if rule := rules.URI(uri); rule != "" {
 		return Reply{}, fmt.Errorf("libvirt: uri %s: %s", uri, rule)
 	}
-	c, err := d.conn()
+	var c *driverConn
+	var err error
+	if req.Fresh {
+		c, err = d.startSingle()
+		if err == nil {
+			defer d.endSingle(c)
+		}
+	} else {
+		c, err = d.conn()
+	}
 	if err != nil {
 		return Reply{}, fmt.Errorf("libvirt %s: %w", uri, err)
 	}
@@ -318,9 +426,14 @@ func (d *DriverProcess) abandon(c *driverConn, method, uri string) string {
 		return "dropped the connection to " + DriverName + " at " + c.where + "; the call goes on there"
 	}
 	pid := c.cmd.Process.Pid
-	_ = c.cmd.Process.Kill()
-	d.logger.Warn("libvirt: a call outlived its context; killed "+DriverName+" to stop it (the next call starts a new one)",
-		"pid", pid, "uri", uri, "call", method)
+	c.kill()
+	if c.single {
+		d.logger.Warn("libvirt: a call outlived its context; killed the "+DriverName+" that ran it alone",
+			"pid", pid, "uri", uri, "call", method)
+	} else {
+		d.logger.Warn("libvirt: a call outlived its context; killed "+DriverName+" to stop it (the next call starts a new one)",
+			"pid", pid, "uri", uri, "call", method)
+	}
 	return fmt.Sprintf("%s (pid %d) was killed to stop the call, which libvirt cannot interrupt", DriverName, pid)
 }
 
@@ -345,7 +458,7 @@ func (d *DriverProcess) broken(ctx context.Context, c *driverConn, callErr error
 		return fmt.Sprintf("%s (pid %d) died during the call (%s); stderr: %s", DriverName, pid, exitStatus(c.cmd, nil), c.stderr.tail())
 	case <-wctx.Done():
 		c.stopped.Store(true)
-		_ = c.cmd.Process.Kill()
+		c.kill()
 		d.logger.Error("libvirt: "+DriverName+" broke the protocol; killed it", "pid", pid, "err", callErr)
 		return fmt.Sprintf("%s (pid %d) broke the protocol (%v) and was killed", DriverName, pid, callErr)
 	}
@@ -508,8 +621,8 @@ func (h remote) Undefine(ctx context.Context, name string) error {
 	return err
 }
 
-func (h remote) DeleteVM(ctx context.Context, name string) error {
-	_, err := h.do(ctx, "DeleteVM", Request{Name: name})
+func (h remote) DeleteVM(ctx context.Context, name string, owner Owner) error {
+	_, err := h.do(ctx, "DeleteVM", Request{Name: name, Owner: owner})
 	return err
 }
 
@@ -531,7 +644,7 @@ func (h remote) EnsureNetwork(ctx context.Context, net *Network, autostart bool)
 	return r.Network, err
 }
 
-func (h remote) DeleteNetwork(ctx context.Context, name string) error {
-	_, err := h.do(ctx, "DeleteNetwork", Request{Name: name})
+func (h remote) DeleteNetwork(ctx context.Context, name string, owner Owner) error {
+	_, err := h.do(ctx, "DeleteNetwork", Request{Name: name, Owner: owner})
 	return err
 }

@@ -6,10 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,48 +18,11 @@ import (
 
 	"understudy/actors/procedure"
 	"understudy/actors/resources"
+	"understudy/actors/resources/libvirt/libvirttest"
 	"understudy/actors/resources/libvirt/rules"
 )
 
-var (
-	driverOnce sync.Once
-	driverDir  string // removed by TestMain
-	driverPath string
-	driverErr  error
-)
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if driverDir != "" {
-		_ = os.RemoveAll(driverDir)
-	}
-	os.Exit(code)
-}
-
-// driverBinary builds understudy-libvirt once per test binary and checks
-// that it loads libvirt. Either failing fails the test: never a skip.
-func driverBinary(t testing.TB) string {
-	t.Helper()
-	driverOnce.Do(func() {
-		driverDir, driverErr = os.MkdirTemp("", "understudy-libvirt-test-")
-		if driverErr != nil {
-			return
-		}
-		driverPath = filepath.Join(driverDir, DriverName)
-		out, err := exec.Command("go", "build", "-tags", "libvirt_dlopen", "-o", driverPath, "understudy/cmd/understudy-libvirt").CombinedOutput()
-		if err != nil {
-			driverErr = fmt.Errorf("cannot build %s (it links libvirt through cgo: it needs gcc): %v\n%s", DriverName, err, out)
-			return
-		}
-		if out, err := exec.Command(driverPath, "--version").CombinedOutput(); err != nil {
-			driverErr = fmt.Errorf("%s cannot load libvirt: run scripts/install-test-deps.sh (it installs libvirt0, whose test:///default driver these tests use): %v\n%s", DriverName, err, out)
-		}
-	})
-	if driverErr != nil {
-		t.Fatal(driverErr)
-	}
-	return driverPath
-}
+func TestMain(m *testing.M) { libvirttest.Main(m) }
 
 // logBuffer is a slog handler's output, safe to read while written.
 type logBuffer struct {
@@ -87,16 +50,28 @@ func newDriver(t *testing.T, cfg DriverConfig) (*DriverProcess, *logBuffer) {
 	return d, logs
 }
 
-// gone waits until pid no longer exists (killed and reaped).
+// gone waits until pid no longer exists (killed and reaped, or a zombie
+// left to whoever reaps orphans).
 func gone(t *testing.T, pid int) {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Second)
-	for syscall.Kill(pid, 0) == nil {
+	for alive(pid) {
 		if time.Now().After(deadline) {
 			t.Fatalf("process %d still exists", pid)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// alive reports whether pid runs (a zombie does not).
+func alive(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) state …; comm may hold spaces and parentheses.
+	rest := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	return len(rest) > 0 && rest[0] != "Z"
 }
 
 // started makes d start its process with a cheap call and returns its pid.
@@ -113,7 +88,7 @@ func started(t testing.TB, d *DriverProcess) int {
 }
 
 func TestDriverProcessStartsLazilyAndStops(t *testing.T) {
-	d, logs := newDriver(t, DriverConfig{Path: driverBinary(t)})
+	d, logs := newDriver(t, DriverConfig{Path: libvirttest.DriverBinary(t)})
 	r := NewVMReconciler(d.Hypervisor(rules.TestURI))
 	if err := r.Validate(resources.Spec{"memory": "1GiB", "disks": []any{map[string]any{"path": "/x.img"}}}); err != nil {
 		t.Fatal(err)
@@ -144,17 +119,28 @@ func TestDriverProcessStartsLazilyAndStops(t *testing.T) {
 	}
 }
 
-// The fence drivers on the process: a step against a libvirtd that never
-// answers times out at its deadline, the process running the call is
-// killed (nothing else stops a libvirt call), and the next step runs on a
-// fresh process.
-func TestFenceStepKillsDriverAtDeadline(t *testing.T) {
-	d, logs := newDriver(t, DriverConfig{Path: driverBinary(t)})
-	addr := silentLibvirtd(t)
+// killedPID is the process a timed-out step's detail says was killed.
+func killedPID(t *testing.T, detail string) int {
+	t.Helper()
+	m := regexp.MustCompile(`understudy-libvirt \(pid (\d+)\) was killed to stop the call`).FindStringSubmatch(detail)
+	if m == nil {
+		t.Fatalf("no killed process in %q", detail)
+	}
+	pid, _ := strconv.Atoi(m[1])
+	return pid
+}
+
+// The fence drivers on the process: each step runs in an understudy-libvirt
+// of its own. A step against a libvirtd that never answers times out at its
+// deadline and its process is killed (nothing else stops a libvirt call);
+// the shared process of the kinds' calls goes on, and the next step runs.
+func TestFenceStepKillsItsProcessAtDeadline(t *testing.T) {
+	d, logs := newDriver(t, DriverConfig{Path: libvirttest.DriverBinary(t)})
+	uri := libvirttest.SilentLibvirtd(t).URI()
+	shared := started(t, d)
 	for _, driver := range []string{procedure.DriverLibvirtDestroy, procedure.DriverLibvirtLinkDown} {
-		pid := started(t, d)
 		step := procedure.StepSpec{Name: driver, Driver: driver, Timeout: 300 * time.Millisecond,
-			Libvirt: &procedure.LibvirtSpec{URI: "qemu+tcp://" + addr + "/system", Domain: "pg-c"}}
+			Libvirt: &procedure.LibvirtSpec{URI: uri, Domain: "pg-c"}}
 		if driver == procedure.DriverLibvirtLinkDown {
 			step.Libvirt.MAC = "52:54:00:00:0c:01"
 		}
@@ -163,28 +149,28 @@ func TestFenceStepKillsDriverAtDeadline(t *testing.T) {
 		o := FenceDrivers(d).Run(ctx, step)
 		took := time.Since(start)
 		cancel()
-		if o.Result != procedure.ResultTimedOut || !strings.Contains(o.Detail, "deadline exceeded") ||
-			!strings.Contains(o.Detail, fmt.Sprintf("understudy-libvirt (pid %d) was killed to stop the call", pid)) {
+		if o.Result != procedure.ResultTimedOut || !strings.Contains(o.Detail, "deadline exceeded") {
 			t.Fatalf("%s against a hung libvirtd: %+v", driver, o)
 		}
 		if took > 2*time.Second {
 			t.Fatalf("%s took %v with a 300ms step timeout", driver, took)
 		}
-		gone(t, pid)
-		if d.PID() != 0 {
-			t.Fatalf("the killed process is still the current one (%d)", d.PID())
+		pid := killedPID(t, o.Detail)
+		if pid == shared {
+			t.Fatalf("%s ran in the shared process", driver)
 		}
-		if !strings.Contains(logs.String(), fmt.Sprintf("killed understudy-libvirt to stop it (the next call starts a new one)\" pid=%d", pid)) {
+		gone(t, pid)
+		if now := d.PID(); now != shared {
+			t.Fatalf("the shared process changed (%d, then %d)", shared, now)
+		}
+		if !strings.Contains(logs.String(), fmt.Sprintf("killed the understudy-libvirt that ran it alone\" pid=%d", pid)) {
 			t.Errorf("no kill in the log:\n%s", logs)
 		}
-		// The next step runs, on a new process.
+		// The next step runs.
 		o = FenceDrivers(d).Run(context.Background(), procedure.StepSpec{Name: "x", Driver: procedure.DriverLibvirtDestroy, Timeout: 5 * time.Second,
 			Libvirt: &procedure.LibvirtSpec{URI: rules.TestURI, Domain: "pg-typo"}})
 		if o.Result != procedure.ResultFailed || !strings.Contains(o.Detail, "domain pg-typo: not found") {
 			t.Fatalf("the step after the kill: %+v", o)
-		}
-		if next := d.PID(); next == 0 || next == pid {
-			t.Fatalf("the step after the kill ran on pid %d (killed: %d)", next, pid)
 		}
 	}
 	// A context already done starts nothing.
@@ -196,10 +182,73 @@ func TestFenceStepKillsDriverAtDeadline(t *testing.T) {
 	}
 }
 
+// Two pairs fence at once through one DriverProcess (a Host's): the step
+// whose deadline passes first kills its own process only; the other runs
+// until its own deadline.
+func TestConcurrentFenceStepsKillOnlyTheirOwnProcess(t *testing.T) {
+	d, _ := newDriver(t, DriverConfig{Path: libvirttest.DriverBinary(t)})
+	uri := libvirttest.SilentLibvirtd(t).URI()
+	type result struct {
+		o    procedure.Outcome
+		took time.Duration
+	}
+	run := func(domain string, timeout time.Duration, out chan<- result) {
+		step := procedure.StepSpec{Name: "off", Driver: procedure.DriverLibvirtDestroy, Timeout: timeout,
+			Libvirt: &procedure.LibvirtSpec{URI: uri, Domain: domain}}
+		start := time.Now() // before the deadline is set: took >= timeout
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		o := FenceDrivers(d).Run(ctx, step)
+		out <- result{o, time.Since(start)}
+	}
+	short, long := make(chan result, 1), make(chan result, 1)
+	go run("pg-a", 300*time.Millisecond, short)
+	go run("pg-b", 3*time.Second, long)
+	s := <-short
+	if s.o.Result != procedure.ResultTimedOut || s.took < 300*time.Millisecond || s.took > 2*time.Second {
+		t.Fatalf("the 300ms step: %+v after %v", s.o, s.took)
+	}
+	l := <-long
+	if l.o.Result != procedure.ResultTimedOut || !strings.Contains(l.o.Detail, "deadline exceeded") || l.took < 3*time.Second || l.took > 5*time.Second {
+		t.Fatalf("the 3s step, killed by the other's deadline?: %+v after %v", l.o, l.took)
+	}
+	if killedPID(t, s.o.Detail) == killedPID(t, l.o.Detail) {
+		t.Fatal("both steps ran in one process")
+	}
+}
+
+// Killing understudy-libvirt kills libvirt's own children with it: the
+// ssh of a qemu+ssh URI (here a fake that never answers).
+func TestFenceStepKillsLibvirtsSSH(t *testing.T) {
+	d, _ := newDriver(t, DriverConfig{Path: libvirttest.DriverBinary(t)})
+	dir := t.TempDir()
+	pids := filepath.Join(dir, "pids")
+	ssh := filepath.Join(dir, "ssh")
+	if err := os.WriteFile(ssh, []byte("#!/bin/sh\necho $$ >> "+pids+"\nexec sleep 60\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	step := procedure.StepSpec{Name: "off", Driver: procedure.DriverLibvirtDestroy, Timeout: time.Second,
+		Libvirt: &procedure.LibvirtSpec{URI: "qemu+ssh://root@kvm1.invalid/system", Domain: "pg-a"}}
+	ctx, cancel := context.WithTimeout(context.Background(), step.Timeout)
+	defer cancel()
+	if o := FenceDrivers(d).Run(ctx, step); o.Result != procedure.ResultTimedOut {
+		t.Fatalf("a step through an ssh that never answers: %+v", o)
+	}
+	b, err := os.ReadFile(pids)
+	if err != nil || len(strings.Fields(string(b))) == 0 {
+		t.Fatalf("libvirt never ran the fake ssh (%v)", err)
+	}
+	for _, f := range strings.Fields(string(b)) {
+		pid, _ := strconv.Atoi(f)
+		gone(t, pid)
+	}
+}
+
 // A process that dies is reported (exit status, stderr) and replaced by
 // the next call; a call it was running fails at once with the news.
 func TestDriverProcessDeathReportedAndRestarted(t *testing.T) {
-	d, logs := newDriver(t, DriverConfig{Path: driverBinary(t)})
+	d, logs := newDriver(t, DriverConfig{Path: libvirttest.DriverBinary(t)})
 	pid := started(t, d)
 	if err := syscall.Kill(pid, syscall.SIGSEGV); err != nil {
 		t.Fatal(err)
@@ -224,13 +273,19 @@ func TestDriverProcessDeathReportedAndRestarted(t *testing.T) {
 	}
 
 	// Dying during a call: the call returns with the exit status.
-	addr := silentLibvirtd(t)
+	silent := libvirttest.SilentLibvirtd(t)
 	errc := make(chan error, 1)
 	go func() {
-		_, err := d.Fresh("qemu+tcp://"+addr+"/system").Destroy(context.Background(), "pg-c")
+		_, err := d.Hypervisor(silent.URI()).Destroy(context.Background(), "pg-c")
 		errc <- err
 	}()
-	time.Sleep(200 * time.Millisecond) // the call is under way
+	select {
+	case <-silent.Accepted: // the call is under way
+	case err := <-errc:
+		t.Fatalf("the call returned before it connected: %v", err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the call never connected to the silent libvirtd")
+	}
 	if err := syscall.Kill(next, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +303,7 @@ func TestDriverProcessDeathReportedAndRestarted(t *testing.T) {
 }
 
 func TestDriverProcessConcurrentCalls(t *testing.T) {
-	d, _ := newDriver(t, DriverConfig{Path: driverBinary(t)})
+	d, _ := newDriver(t, DriverConfig{Path: libvirttest.DriverBinary(t)})
 	var wg sync.WaitGroup
 	errs := make(chan error, 32)
 	for i := range 32 {
@@ -270,24 +325,25 @@ func TestDriverProcessConcurrentCalls(t *testing.T) {
 }
 
 func TestFindDriver(t *testing.T) {
-	bin := driverBinary(t)
+	bin := libvirttest.DriverBinary(t)
 	t.Setenv("PATH", t.TempDir())
-	if _, err := FindDriver(); !errors.Is(err, ErrDriverMissing) || !strings.Contains(err.Error(), "agent.libvirt_driver") {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := FindDriver(); !errors.Is(err, ErrDriverMissing) ||
+		!strings.HasPrefix(err.Error(), "understudy-libvirt not found next to "+exe+" or in PATH: build it with make build, or set libvirt.driver") {
 		t.Fatalf("nowhere: %v", err)
 	}
 	d, _ := newDriver(t, DriverConfig{})
 	if _, err := d.Hypervisor(rules.TestURI).DomainStatus(context.Background(), "test"); !errors.Is(err, ErrDriverMissing) {
 		t.Fatalf("a call without a driver: %v", err)
 	}
-	t.Setenv("PATH", driverDir)
+	t.Setenv("PATH", filepath.Dir(bin))
 	if p, err := FindDriver(); err != nil || p != bin {
 		t.Fatalf("in PATH: %s %v", p, err)
 	}
 	// Next to the running executable comes first.
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	beside := filepath.Join(filepath.Dir(exe), DriverName)
 	if err := os.Symlink(bin, beside); err != nil {
 		t.Fatal(err)
@@ -333,7 +389,7 @@ func TestStderrLog(t *testing.T) {
 //
 //	go test -tags libvirt_dlopen -run '^$' -bench DriverProcessIdleRSS ./actors/resources/libvirt/
 func BenchmarkDriverProcessIdleRSS(b *testing.B) {
-	bin := driverBinary(b)
+	bin := libvirttest.DriverBinary(b)
 	for b.Loop() {
 		d := NewDriverProcess(DriverConfig{Path: bin}, slog.New(slog.DiscardHandler))
 		pid := started(b, d) // the pooled connection stays open
@@ -353,36 +409,4 @@ func BenchmarkDriverProcessIdleRSS(b *testing.B) {
 		}
 		d.Close()
 	}
-}
-
-// silentLibvirtd accepts connections and never answers: a libvirtd that
-// hangs. It closes them when the test ends.
-func silentLibvirtd(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	accepted := make(chan net.Conn, 16)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			accepted <- c
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		for {
-			select {
-			case c := <-accepted:
-				c.Close()
-			default:
-				return
-			}
-		}
-	})
-	return ln.Addr().String()
 }

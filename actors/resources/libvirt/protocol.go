@@ -11,7 +11,8 @@ import (
 // call, ServiceName + "." + the method's name, taking a *Request and
 // filling a *Reply; calls are multiplexed, so they run concurrently. A
 // libvirt failure travels in Reply.Err, so that errors.Is still finds
-// ErrNotFound, ErrLibraryMissing and ErrClosed on the caller's side.
+// ErrNotFound, ErrNotOwned, ErrLibraryMissing and ErrClosed on the
+// caller's side.
 
 // ServiceName is the net/rpc service understudy-libvirt registers.
 const ServiceName = "Libvirt"
@@ -19,7 +20,7 @@ const ServiceName = "Libvirt"
 // ProtocolVersion changes whenever Request, Reply or the methods change in
 // a way the other side would misread; understudy-libvirt refuses a request
 // of another version, with a message saying to install the matching one.
-const ProtocolVersion = 1
+const ProtocolVersion = 2 // 2: ownership markers (VM.Owner, Network.Owner, Request.Owner)
 
 // Request is the argument of every call; each method reads the fields it
 // needs.
@@ -36,6 +37,7 @@ type Request struct {
 	Autostart bool   // EnsureVM, EnsureNetwork
 	NIC       NICRef // SetLink
 	Up        bool   // SetLink
+	Owner     Owner  // DeleteVM, DeleteNetwork
 }
 
 // Reply is the result of every call; each method fills the fields it
@@ -52,10 +54,10 @@ type Reply struct {
 // and which of this package's sentinel errors it wraps.
 type WireError struct {
 	Message string
-	Is      string // "not_found", "library_missing", "closed" or ""
+	Is      string // "not_found", "not_owned", "library_missing", "closed" or ""
 }
 
-var wireSentinels = map[string]error{"not_found": ErrNotFound, "library_missing": ErrLibraryMissing, "closed": ErrClosed}
+var wireSentinels = map[string]error{"not_found": ErrNotFound, "not_owned": ErrNotOwned, "library_missing": ErrLibraryMissing, "closed": ErrClosed}
 
 // ToWire encodes err for a Reply; nil for nil.
 func ToWire(err error) *WireError {

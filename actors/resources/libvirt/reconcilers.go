@@ -21,14 +21,40 @@ const (
 //
 // A resource's libvirt name is its spec's name, or its resource id when the
 // spec has none (ids are lower-case letters, digits, - and _, valid libvirt
-// names as they are). Delete destroys and undefines the domain; disk
-// images are data and stay. Safe for concurrent use; every method is
-// idempotent, and Validate never connects (nor starts understudy-libvirt).
-type VMReconciler struct{ hv Hypervisor }
+// names as they are). A domain of that name is the resource's only when it
+// carries the resource's ownership marker (see Owner): one it did not
+// define is reported, never redefined nor deleted. Delete destroys and
+// undefines the domain; disk images are data and stay. Safe for concurrent
+// use; every method is idempotent, and Validate never connects (nor starts
+// understudy-libvirt).
+type VMReconciler struct {
+	hv    Hypervisor
+	agent string
+}
+
+// Option configures the vm and network kinds.
+type Option func(*kindOptions)
+
+type kindOptions struct{ agent string }
+
+// ForAgent names the agent whose manifest the kind serves: its id goes
+// into the ownership marker of every domain and network the kind defines,
+// beside the resource's id. Without it the marker names no agent.
+func ForAgent(id string) Option { return func(o *kindOptions) { o.agent = id } }
+
+func options(opts []Option) kindOptions {
+	var o kindOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
 
 // NewVMReconciler returns the vm kind on hv; its owner closes what hv
 // runs on.
-func NewVMReconciler(hv Hypervisor) *VMReconciler { return &VMReconciler{hv: hv} }
+func NewVMReconciler(hv Hypervisor, opts ...Option) *VMReconciler {
+	return &VMReconciler{hv: hv, agent: options(opts).agent}
+}
 
 type vmSpec struct {
 	vm        *VM
@@ -43,10 +69,30 @@ func (r *VMReconciler) Validate(spec resources.Spec) error {
 	return err
 }
 
+// Identity implements resources.Named: two resources naming one domain
+// would fight over it.
+func (r *VMReconciler) Identity(id string, spec resources.Spec) string {
+	s, err := parseVMSpec(id, spec)
+	if err != nil {
+		return ""
+	}
+	return "domain " + s.vm.Name
+}
+
+// spec decodes the resource's spec, with the resource as the domain's
+// owner.
+func (r *VMReconciler) spec(id string, spec resources.Spec) (vmSpec, error) {
+	s, err := parseVMSpec(id, spec)
+	if err == nil {
+		s.vm.Owner = Owner{Agent: r.agent, ID: id}
+	}
+	return s, err
+}
+
 // parseVMSpec decodes a vm spec; id names the domain when the spec does not.
 func parseVMSpec(id string, spec resources.Spec) (vmSpec, error) {
-	f := newFields(KindVM, spec)
-	name := f.str("name")
+	f := resources.NewSpecReader(KindVM, spec)
+	name := f.Str("name", false)
 	if name == "" {
 		name = id
 		if name == "" {
@@ -54,38 +100,39 @@ func parseVMSpec(id string, spec resources.Spec) (vmSpec, error) {
 		}
 	}
 	vm := NewVM(name)
-	vm.Type = f.oneOf("domain_type", DomainKVM, domainTypes)
-	vm.VCPUs = f.integer("vcpus", 1)
-	mem, ok := f.memoryMiB("memory")
+	vm.Type = f.OneOf("domain_type", DomainKVM, domainTypes...)
+	vm.VCPUs = f.Int("vcpus", 1)
+	mem, ok := memoryMiB(f, "memory")
 	if !ok {
-		f.fail("memory", "required: a size such as 2GiB or 512MiB, or a whole number of MiB")
+		f.Fail("memory", "required: a size such as 2GiB or 512MiB, or a whole number of MiB")
 	}
 	vm.MemoryMiB = mem
-	for _, d := range f.maps("disks") {
-		disk := Disk{Path: d.str("path"), Format: d.str("format"), Bus: d.str("bus"), Device: d.str("device")}
-		if err := d.done(); err != nil {
+	for _, d := range f.Items("disks") {
+		disk := Disk{Path: d.Str("path", false), Format: d.Str("format", false), Bus: d.Str("bus", false), Device: d.Str("device", false)}
+		if err := d.Done(); err != nil {
 			return vmSpec{}, err
 		}
 		vm.WithDisk(disk)
 	}
-	for _, n := range f.maps("nics") {
-		nic := NIC{Network: n.str("network"), Bridge: n.str("bridge"), MAC: n.str("mac"), Model: n.str("model")}
-		if v, ok := n.spec["mac"]; ok && v != nil {
+	for _, n := range f.Items("nics") {
+		// A MAC the manifest's YAML (or msgpack) hands over as anything
+		// but a string is refused with a hint to quote it.
+		if v, ok := n.Get("mac"); ok {
 			if _, isStr := v.(string); !isStr {
-				return vmSpec{}, &resources.SpecError{Kind: KindVM, Field: n.prefix + "mac", Rule: fmt.Sprintf("must be a quoted string such as \"52:54:00:12:34:56\" (got %v)", v)}
+				n.Fail("mac", fmt.Sprintf("must be a quoted string such as \"52:54:00:12:34:56\" (got %v)", v))
 			}
 		}
-		if err := n.done(); err != nil {
+		nic := NIC{Network: n.Str("network", false), Bridge: n.Str("bridge", false), MAC: n.Str("mac", false), Model: n.Str("model", false)}
+		if err := n.Done(); err != nil {
 			return vmSpec{}, err
 		}
 		vm.WithNIC(nic)
 	}
-	vm.CDROM = f.str("cdrom")
-	if _, set := spec["boot"]; set {
-		vm.Boot = f.strs("boot")
+	vm.CDROM = f.Str("cdrom", false)
+	if _, set := f.Get("boot"); set {
+		vm.Boot = f.Strs("boot")
 	} else {
 		// Unset: the first of hd, cdrom, network the vm has.
-		f.seen["boot"] = true
 		hasDisk, hasCDROM := false, vm.CDROM != ""
 		for _, d := range vm.Disks {
 			hasDisk = hasDisk || d.withDefaults().Device == "disk"
@@ -99,13 +146,13 @@ func parseVMSpec(id string, spec resources.Spec) (vmSpec, error) {
 		case len(vm.NICs) > 0:
 			vm.Boot = []string{BootNetwork}
 		default:
-			f.fail("disks", "a vm needs something to boot from: a disk, a cdrom or a nic")
+			f.Fail("disks", "a vm needs something to boot from: a disk, a cdrom or a nic")
 		}
 	}
 	s := vmSpec{vm: vm}
-	s.state = f.oneOf("state", StateRunning, []string{StateRunning, StateShutoff})
-	s.autostart = f.boolean("autostart", false)
-	if err := f.done(); err != nil {
+	s.state = f.OneOf("state", StateRunning, StateRunning, StateShutoff)
+	s.autostart = f.Bool("autostart", false)
+	if err := f.Done(); err != nil {
 		return vmSpec{}, err
 	}
 	if err := vm.Validate(); err != nil {
@@ -115,7 +162,7 @@ func parseVMSpec(id string, spec resources.Spec) (vmSpec, error) {
 }
 
 func (r *VMReconciler) Observe(ctx context.Context, id string, spec resources.Spec) (resources.Observation, error) {
-	s, err := parseVMSpec(id, spec)
+	s, err := r.spec(id, spec)
 	if err != nil {
 		return resources.Observation{}, err
 	}
@@ -131,7 +178,7 @@ func (r *VMReconciler) Observe(ctx context.Context, id string, spec resources.Sp
 }
 
 func (r *VMReconciler) Reconcile(ctx context.Context, id string, spec resources.Spec) (resources.Observation, error) {
-	s, err := parseVMSpec(id, spec)
+	s, err := r.spec(id, spec)
 	if err != nil {
 		return resources.Observation{}, err
 	}
@@ -150,12 +197,14 @@ func (r *VMReconciler) Reconcile(ctx context.Context, id string, spec resources.
 	return o, nil
 }
 
+// Delete implements resources.Reconciler: a domain that is not the
+// resource's (see Owner) is left alone, and the error says so.
 func (r *VMReconciler) Delete(ctx context.Context, id string, spec resources.Spec) error {
-	s, err := parseVMSpec(id, spec)
+	s, err := r.spec(id, spec)
 	if err != nil {
 		return err
 	}
-	return r.hv.DeleteVM(ctx, s.vm.Name)
+	return r.hv.DeleteVM(ctx, s.vm.Name, s.vm.Owner)
 }
 
 // observe compares what libvirt reports with the spec.
@@ -163,6 +212,9 @@ func (s vmSpec) observe(info domainInfo) resources.Observation {
 	st := info.status
 	if !st.Defined {
 		return resources.Observation{Drift: "domain not defined", Details: map[string]string{"name": s.vm.Name}}
+	}
+	if err := checkOwner("domain", s.vm.Name, s.vm.Owner, info.owner, info.marked); err != nil {
+		return resources.Observation{Drift: err.Error(), Details: map[string]string{"name": s.vm.Name, "uuid": st.UUID, "state": st.State}}
 	}
 	d := map[string]string{
 		"name":       st.Name,
@@ -219,16 +271,23 @@ func (s vmSpec) observe(info domainInfo) resources.Observation {
 // NetworkReconciler is the network kind: a libvirt virtual network defined
 // from the spec, kept active, with autostart as asked (on by default).
 //
-// A resource's libvirt name is its spec's name, or its resource id. A
-// changed definition of an active network is applied by restarting the
-// network: guests attached to it lose connectivity meanwhile. Delete
-// stops and undefines it. Safe for concurrent use; every method is
-// idempotent, and Validate never connects (nor starts understudy-libvirt).
-type NetworkReconciler struct{ hv Hypervisor }
+// A resource's libvirt name is its spec's name, or its resource id; as for
+// the vm kind, a network of that name is the resource's only when it
+// carries the resource's ownership marker. A changed definition of an
+// active network is applied by restarting the network: guests attached to
+// it lose connectivity meanwhile. Delete stops and undefines it. Safe for
+// concurrent use; every method is idempotent, and Validate never connects
+// (nor starts understudy-libvirt).
+type NetworkReconciler struct {
+	hv    Hypervisor
+	agent string
+}
 
 // NewNetworkReconciler returns the network kind on hv; its owner closes
 // what hv runs on.
-func NewNetworkReconciler(hv Hypervisor) *NetworkReconciler { return &NetworkReconciler{hv: hv} }
+func NewNetworkReconciler(hv Hypervisor, opts ...Option) *NetworkReconciler {
+	return &NetworkReconciler{hv: hv, agent: options(opts).agent}
+}
 
 type netSpec struct {
 	net       *Network
@@ -242,45 +301,62 @@ func (r *NetworkReconciler) Validate(spec resources.Spec) error {
 	return err
 }
 
+// Identity implements resources.Named.
+func (r *NetworkReconciler) Identity(id string, spec resources.Spec) string {
+	s, err := parseNetSpec(id, spec)
+	if err != nil {
+		return ""
+	}
+	return "network " + s.net.Name
+}
+
+func (r *NetworkReconciler) spec(id string, spec resources.Spec) (netSpec, error) {
+	s, err := parseNetSpec(id, spec)
+	if err == nil {
+		s.net.Owner = Owner{Agent: r.agent, ID: id}
+	}
+	return s, err
+}
+
 func parseNetSpec(id string, spec resources.Spec) (netSpec, error) {
-	f := newFields(KindNetwork, spec)
-	name := f.str("name")
+	f := resources.NewSpecReader(KindNetwork, spec)
+	name := f.Str("name", false)
 	if name == "" {
 		name = id
 	}
 	n := NewNetwork(name)
-	n.Bridge = f.str("bridge")
-	n.Forward = f.oneOf("forward", ForwardNAT, forwardModes)
-	if ip := f.str("ip"); ip != "" {
+	n.Bridge = f.Str("bridge", false)
+	n.Forward = f.OneOf("forward", ForwardNAT, forwardModes...)
+	if ip := f.Str("ip", false); ip != "" {
 		p, err := netip.ParsePrefix(ip)
 		if err != nil {
-			f.fail("ip", "must be the host's address with a prefix length, such as 192.168.100.1/24 (got "+ip+")")
+			f.Fail("ip", "must be the host's address with a prefix length, such as 192.168.100.1/24 (got "+ip+")")
 		}
 		n.IP = p
 	}
-	if d := f.object("dhcp"); d != nil {
+	if d := f.Object("dhcp"); d != nil {
 		var r DHCPRange
 		for _, e := range []struct {
 			field string
 			addr  *netip.Addr
 		}{{"start", &r.Start}, {"end", &r.End}} {
-			s := d.str(e.field)
+			s := d.Str(e.field, false)
 			a, err := netip.ParseAddr(s)
 			switch {
 			case s == "":
-				d.fail(e.field, "required: an address inside ip's subnet")
+				d.Fail(e.field, "required: an address inside ip's subnet")
 			case err != nil:
-				d.fail(e.field, "must be an IP address (got "+s+")")
+				d.Fail(e.field, "must be an IP address (got "+s+")")
 			}
 			*e.addr = a
 		}
-		if err := d.done(); err != nil {
+		if err := d.Done(); err != nil {
 			return netSpec{}, err
 		}
 		n.DHCP = &r
 	}
-	s := netSpec{net: n, autostart: f.boolean("autostart", true)}
-	if err := f.done(); err != nil {
+	s := netSpec{net: n, autostart: f.Bool("autostart", true)}
+	if err := f.Done(); err != nil {
 		return netSpec{}, err
 	}
 	if err := n.Validate(); err != nil {
@@ -290,7 +366,7 @@ func parseNetSpec(id string, spec resources.Spec) (netSpec, error) {
 }
 
 func (r *NetworkReconciler) Observe(ctx context.Context, id string, spec resources.Spec) (resources.Observation, error) {
-	s, err := parseNetSpec(id, spec)
+	s, err := r.spec(id, spec)
 	if err != nil {
 		return resources.Observation{}, err
 	}
@@ -306,7 +382,7 @@ func (r *NetworkReconciler) Observe(ctx context.Context, id string, spec resourc
 }
 
 func (r *NetworkReconciler) Reconcile(ctx context.Context, id string, spec resources.Spec) (resources.Observation, error) {
-	s, err := parseNetSpec(id, spec)
+	s, err := r.spec(id, spec)
 	if err != nil {
 		return resources.Observation{}, err
 	}
@@ -321,18 +397,23 @@ func (r *NetworkReconciler) Reconcile(ctx context.Context, id string, spec resou
 	return s.observe(info), nil
 }
 
+// Delete implements resources.Reconciler: a network that is not the
+// resource's is left alone, and the error says so.
 func (r *NetworkReconciler) Delete(ctx context.Context, id string, spec resources.Spec) error {
-	s, err := parseNetSpec(id, spec)
+	s, err := r.spec(id, spec)
 	if err != nil {
 		return err
 	}
-	return r.hv.DeleteNetwork(ctx, s.net.Name)
+	return r.hv.DeleteNetwork(ctx, s.net.Name, s.net.Owner)
 }
 
 func (s netSpec) observe(info networkInfo) resources.Observation {
 	st := info.status
 	if !st.Defined {
 		return resources.Observation{Drift: "network not defined", Details: map[string]string{"name": s.net.Name}}
+	}
+	if err := checkOwner("network", s.net.Name, s.net.Owner, info.owner, info.marked); err != nil {
+		return resources.Observation{Drift: err.Error(), Details: map[string]string{"name": s.net.Name, "uuid": st.UUID, "active": strconv.FormatBool(st.Active)}}
 	}
 	d := map[string]string{
 		"name":       st.Name,

@@ -21,6 +21,7 @@ type (
 		Type     string       `xml:"type,attr"`
 		Name     string       `xml:"name"`
 		UUID     string       `xml:"uuid,omitempty"`
+		Metadata *metadataXML `xml:"metadata,omitempty"`
 		Memory   memoryXML    `xml:"memory"`
 		VCPU     vcpuXML      `xml:"vcpu"`
 		OS       osXML        `xml:"os"`
@@ -125,6 +126,7 @@ func (v *VM) domain() domainXML {
 		Type:     v.Type,
 		Name:     v.Name,
 		UUID:     strings.ToLower(v.UUID),
+		Metadata: v.Owner.metadata(),
 		Memory:   memoryXML{Unit: "KiB", Value: v.MemoryMiB * 1024},
 		VCPU:     vcpuXML{Value: v.VCPUs},
 		OS:       osXML{Type: osTypeXML{Value: "hvm"}},
@@ -238,7 +240,7 @@ func definitionOf(d domainXML) definition {
 		def.Disks = append(def.Disks, fmt.Sprintf("%s (%s, %s, %s)", path, dk.Device, dk.Target.Bus, format))
 	}
 	for _, n := range d.Devices.Interfaces {
-		nd := nicDef{Source: n.Type + " " + n.Source.Network + n.Source.Bridge, Model: "default"}
+		nd := nicDef{Source: nicSource(n.Type, n.Source), Model: "default"}
 		if n.Model != nil {
 			nd.Model = n.Model.Type
 		}
@@ -258,6 +260,21 @@ func definitionOf(d domainXML) definition {
 		def.Boot = append(def.Boot, b.Dev)
 	}
 	return def
+}
+
+// nicSource names what an <interface> is attached to, as the specs say
+// it: "network lab", "bridge br0". A running domain's interface of type
+// network names its network's bridge too (<source network='lab'
+// bridge='virbr10' portid=…/>): that is libvirt's detail, not another
+// source.
+func nicSource(typ string, src ifaceSrcXML) string {
+	switch typ {
+	case "network":
+		return "network " + src.Network
+	case "bridge":
+		return "bridge " + src.Bridge
+	}
+	return strings.TrimSpace(typ + " " + src.Network + src.Bridge)
 }
 
 // toKiB reads a <memory> in any unit libvirt knows (it reports KiB).
@@ -329,12 +346,13 @@ func parseDomain(s string) (domainXML, error) {
 // the network kind writes and compares.
 type (
 	networkXML struct {
-		XMLName xml.Name    `xml:"network"`
-		Name    string      `xml:"name"`
-		UUID    string      `xml:"uuid,omitempty"`
-		Forward *forwardXML `xml:"forward"`
-		Bridge  *bridgeXML  `xml:"bridge"`
-		IPs     []ipXML     `xml:"ip"`
+		XMLName  xml.Name     `xml:"network"`
+		Name     string       `xml:"name"`
+		UUID     string       `xml:"uuid,omitempty"`
+		Metadata *metadataXML `xml:"metadata,omitempty"`
+		Forward  *forwardXML  `xml:"forward"`
+		Bridge   *bridgeXML   `xml:"bridge"`
+		IPs      []ipXML      `xml:"ip"`
 	}
 	forwardXML struct {
 		Mode string `xml:"mode,attr,omitempty"`
@@ -368,7 +386,7 @@ func (n *Network) NetworkXML() (string, error) {
 }
 
 func (n *Network) network() networkXML {
-	x := networkXML{Name: n.Name, UUID: strings.ToLower(n.UUID)}
+	x := networkXML{Name: n.Name, UUID: strings.ToLower(n.UUID), Metadata: n.Owner.metadata()}
 	if n.Forward != ForwardIsolated {
 		x.Forward = &forwardXML{Mode: n.Forward}
 	}
@@ -498,16 +516,29 @@ func parseNetwork(s string) (networkXML, error) {
 }
 
 // rawInterface is one <interface> of a live domain XML, kept verbatim
-// (attributes and inner XML) so it can be handed back to libvirt with only
-// its <link> changed, as virDomainUpdateDeviceFlags wants.
+// (every attribute, and the inner XML) so it can be handed back to libvirt
+// with only its <link> changed, as virDomainUpdateDeviceFlags wants: an
+// attribute left out is a change too (without type, libvirt reads a user
+// interface, and refuses the update as a change of type).
 type rawInterface struct {
+	// Attrs are all its attributes, type among them: no other field may
+	// take an attribute, or it would be missing here.
 	Attrs  []xml.Attr   `xml:",any,attr"`
 	Inner  string       `xml:",innerxml"`
 	MAC    *macXML      `xml:"mac"`
 	Target *ifaceDevXML `xml:"target"`
 	Source ifaceSrcXML  `xml:"source"`
 	Link   *linkXML     `xml:"link"`
-	Type   string       `xml:"type,attr"`
+}
+
+// attr is the value of its attribute name ("" when absent).
+func (ri rawInterface) attr(name string) string {
+	for _, a := range ri.Attrs {
+		if a.Name.Space == "" && a.Name.Local == name {
+			return a.Value
+		}
+	}
+	return ""
 }
 
 // FindInterface finds the NIC ref names in a domain's XML and returns its
@@ -522,7 +553,7 @@ func FindInterface(domain string, ref NICRef) (string, NICStatus, error) {
 	}
 	var seen []string
 	for _, ri := range d.Interfaces {
-		st := NICStatus{Source: ri.Type + " " + ri.Source.Network + ri.Source.Bridge, Link: "up"}
+		st := NICStatus{Source: nicSource(ri.attr("type"), ri.Source), Link: "up"}
 		if ri.MAC != nil {
 			st.MAC = strings.ToLower(ri.MAC.Address)
 		}

@@ -18,7 +18,9 @@ import (
 // reopened when it is found dead (virConnectIsAlive, or a call failing
 // because the connection went away). Safe for concurrent use: libvirt
 // connections are thread-safe, and a connection is closed only once no
-// call uses it. Conns is a libvirt.Connector.
+// call uses it. No libvirt call runs under the pool's lock — opening a
+// connection to a remote host that hangs holds up only the calls to that
+// URI, which wait for that opening. Conns is a libvirt.Connector.
 type Conns struct {
 	logger *slog.Logger
 	mu     sync.Mutex
@@ -27,9 +29,13 @@ type Conns struct {
 }
 
 type pooled struct {
-	conn  *lv.Connect
+	conn  *lv.Connect // nil while opening
 	users int
 	dead  bool // replaced or closed: close once users drops to 0
+	// opening is closed once the connection is open or failed to (err);
+	// nil for a connection that is open.
+	opening chan struct{}
+	err     error
 }
 
 // NewConns returns an empty pool; logger nil means slog.Default().
@@ -44,66 +50,97 @@ func (c *Conns) log() *slog.Logger {
 	return c.logger
 }
 
-// Close closes every connection (those in use once their call returns);
-// later calls fail with libvirt.ErrClosed. Close is idempotent.
+// Close closes every connection (those in use once their call returns,
+// one being opened once it is); later calls fail with libvirt.ErrClosed.
+// Close is idempotent.
 func (c *Conns) Close() error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.closed = true
+	var idle []*lv.Connect
 	for uri, p := range c.open {
 		delete(c.open, uri)
 		p.dead = true
-		if p.users == 0 {
-			closeConn(p.conn)
+		if p.users == 0 && p.conn != nil {
+			idle = append(idle, p.conn)
 		}
+	}
+	c.mu.Unlock()
+	for _, conn := range idle {
+		closeConn(conn)
 	}
 	return nil
 }
 
 // acquire returns a live connection to uri, opening one if needed; fresh
-// says it was just opened. Pair with release.
+// says it was just opened. Pair with release. The connection is opened,
+// and checked alive, outside the pool's lock; calls to the same URI wait
+// for one opening rather than open their own.
 func (c *Conns) acquire(uri string) (p *pooled, fresh bool, err error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return nil, false, libvirt.ErrClosed
-	}
-	if p := c.open[uri]; p != nil {
-		if alive, err := p.conn.IsAlive(); err == nil && alive {
-			p.users++
-			return p, false, nil
+	for {
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			return nil, false, libvirt.ErrClosed
 		}
-		c.log().Warn("libvirt: connection is dead; reconnecting", "uri", uri)
-		c.retire(uri, p)
+		p := c.open[uri]
+		if p != nil && p.opening != nil {
+			wait := p.opening
+			c.mu.Unlock()
+			<-wait
+			if p.err != nil {
+				return nil, false, p.err
+			}
+			continue // opened: take it (or, closed meanwhile, fail)
+		}
+		if p != nil {
+			p.users++
+			c.mu.Unlock()
+			if alive, err := p.conn.IsAlive(); err == nil && alive {
+				return p, false, nil
+			}
+			c.log().Warn("libvirt: connection is dead; reconnecting", "uri", uri)
+			c.release(uri, p, true)
+			continue
+		}
+		p = &pooled{opening: make(chan struct{}), users: 1}
+		c.open[uri] = p
+		c.mu.Unlock()
+
+		conn, err := openConn(uri)
+		c.mu.Lock()
+		p.conn, p.err = conn, err
+		close(p.opening)
+		p.opening = nil
+		if err != nil {
+			if c.open[uri] == p {
+				delete(c.open, uri)
+			}
+			c.mu.Unlock()
+			return nil, false, err
+		}
+		if p.dead { // closed while opening
+			c.mu.Unlock()
+			closeConn(conn)
+			return nil, false, libvirt.ErrClosed
+		}
+		c.mu.Unlock()
+		return p, true, nil
 	}
-	conn, err := openConn(uri)
-	if err != nil {
-		return nil, false, err
-	}
-	p = &pooled{conn: conn, users: 1}
-	c.open[uri] = p
-	return p, true, nil
 }
 
 // release ends a use of p; broken retires it (the next acquire reopens).
 func (c *Conns) release(uri string, p *pooled, broken bool) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	p.users--
 	if broken && c.open[uri] == p {
-		c.retire(uri, p)
+		delete(c.open, uri)
+		p.dead = true
 	}
-	if p.dead && p.users == 0 {
+	last := p.dead && p.users == 0
+	c.mu.Unlock()
+	if last {
 		closeConn(p.conn)
 	}
-}
-
-func (c *Conns) retire(uri string, p *pooled) {
-	delete(c.open, uri)
-	if !p.dead && p.users == 0 {
-		closeConn(p.conn)
-	}
-	p.dead = true
 }
 
 var eventLoop sync.Once

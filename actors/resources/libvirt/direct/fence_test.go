@@ -2,7 +2,6 @@ package direct
 
 import (
 	"context"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 
 	"understudy/actors/procedure"
 	"understudy/actors/resources/libvirt"
+	"understudy/actors/resources/libvirt/libvirttest"
 	"understudy/actors/resources/libvirt/rules"
 )
 
@@ -138,43 +138,11 @@ func TestFenceLinkDown(t *testing.T) {
 	}
 }
 
-// silentLibvirtd accepts connections and never answers: a libvirtd that
-// hangs. It closes them when the test ends.
-func silentLibvirtd(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	accepted := make(chan net.Conn, 16)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			accepted <- c
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		for {
-			select {
-			case c := <-accepted:
-				c.Close()
-			default:
-				return
-			}
-		}
-	})
-	return ln.Addr().String()
-}
-
 func TestFenceTimeout(t *testing.T) {
 	testConn(t)
-	addr := silentLibvirtd(t)
+	uri := libvirttest.SilentLibvirtd(t).URI()
 	for _, driver := range []string{procedure.DriverLibvirtDestroy, procedure.DriverLibvirtLinkDown} {
-		step := fenceStep(driver, procedure.LibvirtSpec{URI: "qemu+tcp://" + addr + "/system", Domain: "pg-c", MAC: "52:54:00:00:0c:01"})
+		step := fenceStep(driver, procedure.LibvirtSpec{URI: uri, Domain: "pg-c", MAC: "52:54:00:00:0c:01"})
 		if driver == procedure.DriverLibvirtDestroy {
 			step.Libvirt.MAC = ""
 		}

@@ -303,8 +303,20 @@ func undefine(conn *lv.Connect, name string) error {
 }
 
 // DeleteVM implements libvirt.Hypervisor.
-func (h *Hypervisor) DeleteVM(ctx context.Context, name string) error {
+func (h *Hypervisor) DeleteVM(ctx context.Context, name string, owner libvirt.Owner) error {
 	_, err := run(ctx, h, func(conn *lv.Connect) (struct{}, error) {
+		if !owner.IsZero() {
+			st, err := inspectDomain(conn, name)
+			if err != nil {
+				return struct{}{}, err
+			}
+			if !st.Defined {
+				return struct{}{}, nil
+			}
+			if err := libvirt.CheckDomainOwner(name, st.XML, owner); err != nil {
+				return struct{}{}, err
+			}
+		}
 		if _, err := destroy(conn, name); err != nil && !errors.Is(err, libvirt.ErrNotFound) {
 			return struct{}{}, err
 		}
@@ -472,7 +484,13 @@ func ensureNetwork(conn *lv.Connect, net *libvirt.Network, autostart bool) (libv
 		}
 		n, err := conn.NetworkDefineXML(xml)
 		if err != nil {
-			return st, fmt.Errorf("define network %s: %w", net.Name, plain(err))
+			err = fmt.Errorf("define network %s: %w", net.Name, plain(err))
+			if restart {
+				// The old definition stands: the network only needs to
+				// run again.
+				return restoreNetwork(conn, net.Name, "", err)
+			}
+			return st, err
 		}
 		n.Free()
 	}
@@ -485,7 +503,11 @@ func ensureNetwork(conn *lv.Connect, net *libvirt.Network, autostart bool) (libv
 		return st, fmt.Errorf("network %s: %w", net.Name, plain(err))
 	} else if !active {
 		if err := n.Create(); err != nil && !hasCode(err, lv.ERR_OPERATION_INVALID) {
-			return st, fmt.Errorf("network %s: start: %w", net.Name, plain(err))
+			err = fmt.Errorf("network %s: start: %w", net.Name, plain(err))
+			if restart {
+				return restoreNetwork(conn, net.Name, st.XML, err)
+			}
+			return st, err
 		}
 	}
 	if a, err := n.GetAutostart(); err != nil || a != autostart {
@@ -494,6 +516,37 @@ func ensureNetwork(conn *lv.Connect, net *libvirt.Network, autostart bool) (libv
 		}
 	}
 	return inspectNet(n, net.Name)
+}
+
+// restoreNetwork brings back a network ensureNetwork stopped to apply a
+// definition that failed (cause): it defines oldXML again (unless "": the
+// old definition still stands) and starts the network. The error is cause,
+// saying whether the network runs its old definition again.
+func restoreNetwork(conn *lv.Connect, name, oldXML string, cause error) (libvirt.NetworkStatus, error) {
+	fail := func(what string, err error) (libvirt.NetworkStatus, error) {
+		st, _ := inspectNetwork(conn, name)
+		return st, fmt.Errorf("%w; restoring its previous definition failed too (%s: %w): the network is down", cause, what, plain(err))
+	}
+	if oldXML != "" {
+		n, err := conn.NetworkDefineXML(oldXML)
+		if err != nil {
+			return fail("define", err)
+		}
+		n.Free()
+	}
+	n, err := lookupNetwork(conn, name)
+	if err != nil {
+		return fail("look up", err)
+	}
+	defer n.Free()
+	if err := n.Create(); err != nil && !hasCode(err, lv.ERR_OPERATION_INVALID) {
+		return fail("start", err)
+	}
+	st, err := inspectNet(n, name)
+	if err != nil {
+		return st, fmt.Errorf("%w; its previous definition was restored and started again", cause)
+	}
+	return st, fmt.Errorf("%w; the network runs its previous definition again", cause)
 }
 
 func stopNetwork(conn *lv.Connect, name string) error {
@@ -509,7 +562,7 @@ func stopNetwork(conn *lv.Connect, name string) error {
 }
 
 // DeleteNetwork implements libvirt.Hypervisor.
-func (h *Hypervisor) DeleteNetwork(ctx context.Context, name string) error {
+func (h *Hypervisor) DeleteNetwork(ctx context.Context, name string, owner libvirt.Owner) error {
 	_, err := run(ctx, h, func(conn *lv.Connect) (struct{}, error) {
 		n, err := lookupNetwork(conn, name)
 		if errors.Is(err, libvirt.ErrNotFound) {
@@ -519,6 +572,15 @@ func (h *Hypervisor) DeleteNetwork(ctx context.Context, name string) error {
 			return struct{}{}, err
 		}
 		defer n.Free()
+		if !owner.IsZero() {
+			st, err := inspectNet(n, name)
+			if err != nil {
+				return struct{}{}, err
+			}
+			if err := libvirt.CheckNetworkOwner(name, st.XML, owner); err != nil {
+				return struct{}{}, err
+			}
+		}
 		if active, err := n.IsActive(); err != nil {
 			return struct{}{}, fmt.Errorf("network %s: %w", name, plain(err))
 		} else if active {

@@ -74,7 +74,7 @@ func (s *Service) Undefine(req *libvirt.Request, reply *libvirt.Reply) error {
 
 // DeleteVM serves libvirt.Hypervisor.DeleteVM.
 func (s *Service) DeleteVM(req *libvirt.Request, reply *libvirt.Reply) error {
-	return s.serve(req, reply, func(ctx context.Context, hv libvirt.Hypervisor) error { return hv.DeleteVM(ctx, req.Name) })
+	return s.serve(req, reply, func(ctx context.Context, hv libvirt.Hypervisor) error { return hv.DeleteVM(ctx, req.Name, req.Owner) })
 }
 
 // SetLink serves libvirt.Hypervisor.SetLink.
@@ -106,7 +106,9 @@ func (s *Service) EnsureNetwork(req *libvirt.Request, reply *libvirt.Reply) erro
 
 // DeleteNetwork serves libvirt.Hypervisor.DeleteNetwork.
 func (s *Service) DeleteNetwork(req *libvirt.Request, reply *libvirt.Reply) error {
-	return s.serve(req, reply, func(ctx context.Context, hv libvirt.Hypervisor) error { return hv.DeleteNetwork(ctx, req.Name) })
+	return s.serve(req, reply, func(ctx context.Context, hv libvirt.Hypervisor) error {
+		return hv.DeleteNetwork(ctx, req.Name, req.Owner)
+	})
 }
 
 type errMissing string

@@ -17,6 +17,7 @@ import (
 
 	"understudy/actors/procedure"
 	"understudy/actors/resources/libvirt"
+	"understudy/actors/resources/libvirt/libvirttest"
 	"understudy/actors/resources/libvirt/rules"
 )
 
@@ -56,7 +57,8 @@ func TestServedOperations(t *testing.T) {
 	hv := socketDriver(t, serveSocket(t)).Hypervisor(rules.TestURI)
 	ctx := context.Background()
 
-	nw := libvirt.NewNetwork("rpc-net").WithBridge("virbr61").WithIP(netip.MustParsePrefix("10.61.0.1/24")).
+	netOwner, vmOwner := libvirt.Owner{Agent: "n1", ID: "rpc-net"}, libvirt.Owner{Agent: "n1", ID: "rpc-vm"}
+	nw := libvirt.NewNetwork("rpc-net").WithOwner(netOwner).WithBridge("virbr61").WithIP(netip.MustParsePrefix("10.61.0.1/24")).
 		WithDHCP(netip.MustParseAddr("10.61.0.10"), netip.MustParseAddr("10.61.0.20"))
 	ns, err := hv.EnsureNetwork(ctx, nw, true)
 	if err != nil || !ns.Active || !ns.Autostart || ns.Bridge != "virbr61" || !strings.Contains(ns.XML, "10.61.0.10") {
@@ -71,7 +73,7 @@ func TestServedOperations(t *testing.T) {
 		t.Fatalf("NetworkStatus: %+v %v", again, err)
 	}
 
-	vm := libvirt.NewVM("rpc-vm").WithType(libvirt.DomainTest).WithDisk(libvirt.Disk{Path: "/rpc.img"}).
+	vm := libvirt.NewVM("rpc-vm").WithOwner(vmOwner).WithType(libvirt.DomainTest).WithDisk(libvirt.Disk{Path: "/rpc.img"}).
 		WithNIC(libvirt.NIC{Network: "rpc-net", MAC: "52:54:00:61:00:01"})
 	st, err := hv.EnsureVM(ctx, vm, libvirt.StateRunning, false)
 	if err != nil || st.State != libvirt.StateRunning || st.LiveXML == "" || len(st.NICs) != 1 || st.NICs[0].MAC != "52:54:00:61:00:01" {
@@ -106,10 +108,24 @@ func TestServedOperations(t *testing.T) {
 	if err := hv.Shutdown(ctx, "rpc-vm"); err != nil {
 		t.Fatal(err)
 	}
+	// The owner crosses the protocol, and so does ErrNotOwned.
+	other := libvirt.Owner{Agent: "n1", ID: "other"}
+	if err := hv.DeleteVM(ctx, "rpc-vm", other); !errors.Is(err, libvirt.ErrNotOwned) || !strings.Contains(err.Error(), `domain rpc-vm belongs to understudy resource "rpc-vm" of agent n1 (its ownership marker), not to resource "other" of agent n1`) {
+		t.Fatalf("DeleteVM of another resource's domain: %v", err)
+	}
+	if _, err := hv.EnsureVM(ctx, libvirt.NewVM("rpc-vm").WithOwner(other).WithType(libvirt.DomainTest).WithDisk(libvirt.Disk{Path: "/rpc.img"}), libvirt.StateShutoff, false); !errors.Is(err, libvirt.ErrNotOwned) {
+		t.Fatalf("EnsureVM of another resource's domain: %v", err)
+	}
+	if err := hv.DeleteNetwork(ctx, "rpc-net", other); !errors.Is(err, libvirt.ErrNotOwned) {
+		t.Fatalf("DeleteNetwork of another resource's network: %v", err)
+	}
+	if err := hv.DeleteVM(ctx, "rpc-vm", vmOwner); err != nil {
+		t.Fatal(err)
+	}
 	if err := hv.Undefine(ctx, "rpc-vm"); err != nil {
 		t.Fatal(err)
 	}
-	if err := hv.DeleteVM(ctx, "rpc-vm"); err != nil {
+	if err := hv.DeleteVM(ctx, "rpc-vm", vmOwner); err != nil {
 		t.Fatal(err)
 	}
 	if st, err := hv.DomainStatus(ctx, "rpc-vm"); err != nil || st.Defined {
@@ -119,7 +135,7 @@ func TestServedOperations(t *testing.T) {
 	if err := hv.Start(ctx, "rpc-vm"); !errors.Is(err, libvirt.ErrNotFound) || !strings.Contains(err.Error(), "domain rpc-vm: not found") {
 		t.Fatalf("Start of an absent domain: %v", err)
 	}
-	if err := hv.DeleteNetwork(ctx, "rpc-net"); err != nil {
+	if err := hv.DeleteNetwork(ctx, "rpc-net", netOwner); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := behind.LookupNetworkByName("rpc-net"); !hasCode(err, lv.ERR_NO_NETWORK) {
@@ -168,7 +184,7 @@ func TestServedProtocolVersion(t *testing.T) {
 func TestSocketCallDroppedAtDeadline(t *testing.T) {
 	testConn(t)
 	d := socketDriver(t, serveSocket(t))
-	step := fenceStep(procedure.DriverLibvirtDestroy, procedure.LibvirtSpec{URI: "qemu+tcp://" + silentLibvirtd(t) + "/system", Domain: "pg-c"})
+	step := fenceStep(procedure.DriverLibvirtDestroy, procedure.LibvirtSpec{URI: libvirttest.SilentLibvirtd(t).URI(), Domain: "pg-c"})
 	step.Timeout = 300 * time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), step.Timeout)
 	defer cancel()
