@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sort"
+	"strings"
 	"time"
 
 	"understudy/actors/failover"
@@ -32,8 +34,13 @@ type computation struct {
 	rules                         []ruleChange
 	sites                         []*siteRun
 	bySite                        map[string]*siteRun
-	// unfenced: the times of the unfenced register writes per site and term.
-	unfenced map[siteTerm][]int64
+	// unfenced, fenced: the times of the unfenced and of the fenced
+	// register writes per site and term.
+	unfenced, fenced map[siteTerm][]int64
+	// mayHaveServed: stretches where the record's register writes show a
+	// site may have served though no serving_started of it was recorded.
+	mayHaveServed []MaySpan
+	idx           *eventIndex
 }
 
 type ruleChange struct {
@@ -123,10 +130,11 @@ func (c *computation) window() {
 		}
 	}
 	if !f.opts.To.IsZero() {
+		// Kept even after the last record: the record was read up to it
+		// (an export's header says so), and what was still so then — an
+		// outage still open — lasted to it.
 		c.r.Window.Asked = true
-		if last.IsZero() || f.opts.To.Before(last) {
-			c.w1 = f.opts.To.UTC()
-		}
+		c.w1 = f.opts.To.UTC()
 	}
 	if c.w1.Before(c.w0) {
 		c.w1 = c.w0
@@ -254,6 +262,10 @@ type tenure struct {
 	upEnd       time.Time // the recorded completion (fenced, demoted)
 	restartAt   time.Time // a restart ended it without a recorded stop
 	fenceFailed bool
+	// toLatest is the latest it may have stopped serving: To when the stop
+	// was recorded in time, else the first thing in the record that shows
+	// it had stopped (see finishTenure). Zero while open.
+	toLatest time.Time
 }
 
 func (s *siteRun) set(state string, t time.Time, term uint64, note string) {
@@ -315,21 +327,66 @@ func (c *computation) runSites() {
 
 	for _, s := range c.sites {
 		var evs []eventRec
+		// Its member events, and its resource's procedure events.
 		for _, e := range c.evs {
-			if !e.proc && c.siteName(e.site) == s.name {
+			if c.siteName(e.site) == s.name {
 				evs = append(evs, e)
 			}
 		}
 		if w, ok := inferred[s.name]; ok {
 			t := time.Unix(0, w.t).UTC()
 			// Only when nothing the member recorded comes before it.
-			if len(evs) == 0 || !evs[0].t.Before(t) {
+			if i := slices.IndexFunc(evs, func(e eventRec) bool { return !e.proc }); i < 0 || !evs[i].t.Before(t) {
 				s.startServing(t, w.v.term, "register", &EventRef{Subject: "$KV." + c.f.opts.Bucket + "." + c.f.opts.Pair + ".leader", Sequence: w.rev, Type: "register write", Time: t})
 				s.set("serving", t, w.v.term, "inferred from the register")
 			}
 		}
+		// A member appends its events one at a time, in order, from a queue
+		// that dies with its process: what it did after its last recorded
+		// event of a run (up to its next start) may be missing — a silence.
+		// Its resource's procedure events (a subject and a queue of their
+		// own) then date what they show, when the member's record does not
+		// name their chain: a promote step that succeeded made the database
+		// serve, a fence or demote chain starting stopped it. Its register
+		// writes in a silence show where it may have served (silentServing).
+		var quiet []silence
+		lastAt := -1
+		for i, e := range evs {
+			if e.proc {
+				continue
+			}
+			if _, ok := e.ev.(*failover.Started); ok && lastAt >= 0 {
+				quiet = append(quiet, silence{last: lastAt, from: evs[lastAt].t, to: e.t})
+			}
+			lastAt = i
+		}
+		if lastAt >= 0 {
+			quiet = append(quiet, silence{last: lastAt, from: evs[lastAt].t, to: maxTime(time.Unix(0, c.f.lastT).UTC(), c.w1)})
+		}
+		// The chains the member's record names, by kind and sequence.
+		named := map[procKey]bool{}
 		for _, e := range evs {
+			switch ev := e.ev.(type) {
+			case *failover.ServingStarted:
+				named[procKey{procedure.ChainPromote, ev.Seq}] = true
+			case *failover.FenceRequested:
+				named[procKey{procedure.ChainFence, ev.Seq}] = true
+			case *failover.DemotionRequested:
+				named[procKey{procedure.ChainDemote, ev.Seq}] = true
+			}
+		}
+		k := 0
+		for i, e := range evs {
+			if e.proc && named[procKeyOf(e.ev)] {
+				continue // the member's own record dates it
+			}
 			s.apply(e)
+			for k < len(quiet) && i >= quiet[k].last {
+				if i == quiet[k].last {
+					quiet[k].state, quiet[k].term, quiet[k].open = s.state, s.term, s.open
+				}
+				k++
+			}
 		}
 		end := c.w1
 		if s.since.After(end) {
@@ -339,6 +396,7 @@ func (c *computation) runSites() {
 		for _, t := range s.tenures {
 			c.finishTenure(s, t)
 		}
+		c.mayHaveServed = append(c.mayHaveServed, c.silentServing(s, quiet)...)
 		s.cutSilent()
 		c.r.Lanes = append(c.r.Lanes, s.segs...)
 		for _, t := range s.tenures {
@@ -348,9 +406,183 @@ func (c *computation) runSites() {
 	slices.SortStableFunc(c.r.Leadership, func(a, b Tenure) int { return a.From.Compare(b.From) })
 }
 
+// termAt is the term of site's latest register write landed by t: the
+// one a promote completing then was for (def when there is none).
+func (c *computation) termAt(site string, t time.Time, def uint64) uint64 {
+	si := int32(slices.Index(c.f.sites, site))
+	term, at := def, int64(0)
+	for i := range c.reg {
+		if w := &c.reg[i]; w.v.site == si && w.t <= t.UnixNano() && w.t >= at {
+			term, at = w.v.term, w.t
+		}
+	}
+	return term
+}
+
+// procKey names a procedure chain of a site.
+type procKey struct {
+	kind procedure.ChainKind
+	seq  uint64
+}
+
+func procKeyOf(ev events.Event) procKey {
+	switch e := ev.(type) {
+	case *procedure.ChainStarted:
+		return procKey{e.Kind, e.Seq}
+	case *procedure.StepFinished:
+		return procKey{e.Kind, e.Seq}
+	}
+	return procKey{}
+}
+
+// silence is the end of a member's run of recorded events: from its last
+// recorded event (evs[last]) to its next start (or the end of the record).
+type silence struct {
+	last     int
+	from, to time.Time
+	state    string  // its lane's state after that event
+	term     uint64  // ... and term
+	open     *tenure // a serving interval that had not ended by then
+}
+
+// silentServing finds where a site may have served in its silences
+// although the record shows no serving of it there: a run of its unfenced
+// register writes outside its serving intervals (a won acquire, an
+// unfencing), or from the silence's start when it was promoting then. A
+// run lasts until a fenced write of the site, the start of one of its
+// serving intervals, its next start, or the rules' bound after the run's
+// last write, whichever comes first.
+func (c *computation) silentServing(s *siteRun, quiet []silence) []MaySpan {
+	if len(quiet) == 0 {
+		return nil
+	}
+	si := int32(slices.Index(c.f.sites, s.name))
+	// served: where its serving intervals may have lasted.
+	// (Its intervals are in time order; reach[i] is the latest any of the
+	// first i+1 may have lasted, so a look-up walks back only over those
+	// that can still hold t.)
+	ends := make([]time.Time, len(s.tenures))
+	reach := make([]time.Time, len(s.tenures))
+	for i, x := range s.tenures {
+		ends[i] = c.w1
+		if x.To != nil {
+			ends[i] = maxTime(*x.To, x.toLatest)
+		}
+		reach[i] = ends[i]
+		if i > 0 {
+			reach[i] = maxTime(reach[i], reach[i-1])
+		}
+	}
+	served := func(t time.Time) (bool, time.Time) {
+		i := sort.Search(len(s.tenures), func(i int) bool { return s.tenures[i].From.After(t) }) - 1
+		for ; i >= 0 && !reach[i].Before(t); i-- {
+			if !t.After(ends[i]) {
+				return true, s.tenures[i].From
+			}
+		}
+		return false, time.Time{}
+	}
+	type walk struct {
+		cur  *MaySpan
+		last time.Time
+	}
+	ws := make([]walk, len(quiet))
+	var out []MaySpan
+	closeAt := func(w *walk, t time.Time) {
+		if t.After(w.cur.From) {
+			w.cur.To = t
+			w.cur.MS = ms(t.Sub(w.cur.From))
+			out = append(out, *w.cur)
+		}
+		w.cur = nil
+	}
+	for k, q := range quiet {
+		if q.open != nil || q.state != "promoting" {
+			continue
+		}
+		w := &ws[k]
+		w.cur = &MaySpan{Site: s.name, Term: q.term, From: q.from, Why: "promoting at its last recorded event; no record of it serving"}
+		for _, t := range c.unfencedWrites(s.name, q.term) {
+			if t <= q.from.UnixNano() {
+				w.last = time.Unix(0, t).UTC()
+			}
+		}
+	}
+	// Silences are in time order and do not overlap; the register is in
+	// revision order, which server-clock steps may keep from being time
+	// order: each write finds its silence by its time.
+	for i := range c.reg {
+		r := &c.reg[i]
+		if r.v.site != si {
+			continue
+		}
+		k := sort.Search(len(quiet), func(k int) bool { return quiet[k].to.UnixNano() > r.t })
+		if k == len(quiet) || r.t <= quiet[k].from.UnixNano() {
+			continue
+		}
+		w := &ws[k]
+		t := time.Unix(0, r.t).UTC()
+		if in, from := served(t); in {
+			if w.cur != nil {
+				closeAt(w, from)
+			}
+			continue
+		}
+		switch {
+		case r.v.fenced:
+			if w.cur != nil {
+				closeAt(w, t)
+			}
+		case w.cur == nil || r.v.term != w.cur.Term:
+			if w.cur != nil {
+				closeAt(w, t)
+			}
+			w.cur, w.last = &MaySpan{Site: s.name, Term: r.v.term, From: t, Why: "unfenced register writes after its last recorded event; no record of it serving"}, t
+		default:
+			w.last = t
+		}
+	}
+	for k, q := range quiet {
+		w := &ws[k]
+		if w.cur == nil {
+			continue
+		}
+		if w.last.IsZero() {
+			continue // no write of the term: it never held the register
+		}
+		end := q.to
+		if b, ok := c.stopBound(w.last); ok && b.Before(end) {
+			end = b
+		}
+		closeAt(w, end)
+	}
+	slices.SortFunc(out, func(a, b MaySpan) int { return a.From.Compare(b.From) })
+	return out
+}
+
 func (s *siteRun) apply(e eventRec) {
 	t := e.t
 	switch ev := e.ev.(type) {
+	case *procedure.ChainStarted:
+		// A fence or demote chain starting stops the database serving.
+		if (ev.Kind == procedure.ChainFence || ev.Kind == procedure.ChainDemote) && s.open != nil {
+			s.stop(t, ev.Kind.String()+" chain", e)
+			s.set("stopping", t, s.term, ev.Kind.String()+" chain started")
+		}
+	case *procedure.StepFinished:
+		// A promote step that succeeded makes it serve (serving_started
+		// follows, when the member's record of it survived).
+		if ev.Kind == procedure.ChainPromote && ev.Result == procedure.ResultOK {
+			if x := s.open; x != nil {
+				// It was not serving before a promote: the stop that ended
+				// the interval is not in the record.
+				x.restartAt, x.End = t, "promoted again"
+				s.stopping, s.open = x, nil
+			}
+			term := s.c.termAt(s.name, t, s.term)
+			s.startServing(t, term, "promote_step", ref(e))
+			s.set("serving", t, term, "")
+		}
 	case *failover.Started:
 		if s.open != nil {
 			s.open.restartAt, s.open.End = t, "restart"
@@ -424,15 +656,32 @@ func (c *computation) finishTenure(s *siteRun, t *tenure) {
 	if cut.IsZero() {
 		cut = t.restartAt
 	}
+	// When its stop is not in the record (its events died with its
+	// process), a fenced register write of the term after it served was
+	// written by a suspended holder: it had stopped by then. (A stop in the
+	// record, even late, shows that nothing of its member before it is
+	// missing: its appends are in order.)
+	var fencedAt time.Time
+	if t.rawEnd.IsZero() {
+		fencedAt = c.firstFencedWrite(s.name, t.Term, t.From)
+	}
+	limit := cut
+	if !fencedAt.IsZero() && (limit.IsZero() || fencedAt.Before(limit)) {
+		limit = fencedAt
+	}
 	// The last unfenced register write of the term, up to the stop.
 	var last time.Time
-	for _, wt := range c.unfencedWrites(s.name, t.Term) {
-		if !cut.IsZero() && wt > cut.UnixNano() {
-			break
-		}
-		last = time.Unix(0, wt).UTC()
+	ws := c.unfencedWrites(s.name, t.Term)
+	i := len(ws)
+	if !limit.IsZero() {
+		i, _ = slices.BinarySearch(ws, limit.UnixNano()+1)
 	}
-	recordEnd := time.Unix(0, c.f.lastT).UTC()
+	if i > 0 {
+		last = time.Unix(0, ws[i-1]).UTC()
+	}
+	// The record was read up to the later of its last record and the
+	// window's end: silence until then is silence.
+	recordEnd := maxTime(time.Unix(0, c.f.lastT).UTC(), c.w1)
 	var bound time.Time
 	known := false
 	if !last.IsZero() {
@@ -443,12 +692,30 @@ func (c *computation) finishTenure(s *siteRun, t *tenure) {
 	if lastSeen.Before(t.From) {
 		lastSeen = t.From
 	}
+	// latest is the latest the record allows it to have served: the rules'
+	// bound, or sooner what shows it had stopped.
+	latest := func(alsoBy ...time.Time) time.Time {
+		l := bound
+		for _, x := range append(alsoBy, fencedAt) {
+			if !x.IsZero() && (l.IsZero() || x.Before(l)) {
+				l = x
+			}
+		}
+		if l.Before(lastSeen) {
+			l = lastSeen
+		}
+		return l
+	}
 	switch {
 	case !t.rawEnd.IsZero() && (!known || !t.rawEnd.After(bound)):
 		t.To, t.EndBasis = ptr(t.rawEnd), "recorded"
+		t.toLatest = t.rawEnd
 	case !t.rawEnd.IsZero():
+		// Dated later than the rules allow: its append was slow on the
+		// wire (the record cannot see how slow), so the date only bounds it.
 		t.To, t.EndBasis = ptr(lastSeen), "last-heartbeat"
 		t.End += fmt.Sprintf(" (recorded late, at %s)", t.rawEnd.Format(timeFormat))
+		t.toLatest = latest(t.rawEnd)
 	case !t.restartAt.IsZero():
 		t.EndBasis = "last-heartbeat"
 		if known {
@@ -456,10 +723,15 @@ func (c *computation) finishTenure(s *siteRun, t *tenure) {
 		} else {
 			t.To = ptr(t.restartAt)
 		}
-	case known && bound.Before(recordEnd):
+		t.toLatest = latest(t.restartAt)
+	case known && (bound.Before(recordEnd) || !fencedAt.IsZero()):
 		t.To, t.End, t.EndBasis = ptr(lastSeen), "silent", "last-heartbeat"
+		t.toLatest = latest()
 	default:
 		t.End, t.EndBasis = "open", "open"
+	}
+	if t.EndBasis == "last-heartbeat" && t.toLatest.After(*t.To) {
+		t.ToLatest = ptr(t.toLatest)
 	}
 	switch {
 	case !t.upEnd.IsZero() && (!known || !t.upEnd.After(bound) || t.fenceFailed):
@@ -493,22 +765,34 @@ func (c *computation) finishTenure(s *siteRun, t *tenure) {
 // cutSilent ends the serving segment of a tenure whose end is its last
 // heartbeat at that heartbeat, and marks what follows as without record.
 func (s *siteRun) cutSilent() {
+	var cuts []*tenure // in time order, as the segments
 	for _, t := range s.tenures {
-		if t.EndBasis != "last-heartbeat" || t.To == nil {
-			continue
-		}
-		for i := range s.segs {
-			g := &s.segs[i]
-			if g.State != "serving" || g.From.Before(t.From) || !g.To.After(*t.To) || g.From.After(*t.To) {
-				continue
-			}
-			rest := Segment{Site: s.name, State: "no-record", From: *t.To, To: g.To,
-				Note: "last register write; no record of what followed until the next event"}
-			g.To = *t.To
-			s.segs = slices.Insert(s.segs, i+1, rest)
-			break
+		if t.EndBasis == "last-heartbeat" && t.To != nil {
+			cuts = append(cuts, t)
 		}
 	}
+	if len(cuts) == 0 {
+		return
+	}
+	out := make([]Segment, 0, len(s.segs)+len(cuts))
+	k := 0
+	for _, g := range s.segs {
+		for k < len(cuts) && g.From.After(*cuts[k].To) {
+			k++
+		}
+		if k < len(cuts) {
+			if t := cuts[k]; g.State == "serving" && !g.From.Before(t.From) && g.To.After(*t.To) {
+				rest := Segment{Site: s.name, State: "no-record", From: *t.To, To: g.To,
+					Note: "last register write; no record of what followed until the next event"}
+				g.To = *t.To
+				out = append(out, g, rest)
+				k++
+				continue
+			}
+		}
+		out = append(out, g)
+	}
+	s.segs = out
 }
 
 // --- failovers and handovers --------------------------------------------------
@@ -534,6 +818,39 @@ func (c *computation) unfencedWrites(site string, term uint64) []int64 {
 type siteTerm struct {
 	site string
 	term uint64
+}
+
+// firstFencedWrite is the first fenced register write of a site's term
+// after an unfenced one that landed after from (zero: none): a suspended
+// holder wrote it after the interval that began at from had served. (A
+// fenced write that only lands after from may be older: an interval's
+// start is dated by an event whose wait the node measured, and a jump of
+// its clock makes that wait look longer.)
+func (c *computation) firstFencedWrite(site string, term uint64, from time.Time) time.Time {
+	if c.fenced == nil {
+		c.fenced = map[siteTerm][]int64{}
+		for _, w := range c.reg {
+			if w.v.site >= 0 && w.v.fenced {
+				k := siteTerm{c.siteName(int32(w.v.site)), w.v.term}
+				c.fenced[k] = append(c.fenced[k], w.t)
+			}
+		}
+		for _, ts := range c.fenced {
+			slices.Sort(ts)
+		}
+	}
+	k := siteTerm{site, term}
+	uf := c.unfencedWrites(site, term)
+	i, _ := slices.BinarySearch(uf, from.UnixNano()+1)
+	if i == len(uf) {
+		return time.Time{}
+	}
+	fs := c.fenced[k]
+	j, _ := slices.BinarySearch(fs, uf[i]+1)
+	if j == len(fs) {
+		return time.Time{}
+	}
+	return time.Unix(0, fs[j]).UTC()
 }
 
 func (c *computation) regIndex(rev uint64) int {
@@ -655,10 +972,8 @@ func (c *computation) transitions() {
 		var from string
 		if prev != nil && prev.v.site < 0 {
 			h.ReleasedAt = ptr(time.Unix(0, prev.t).UTC())
-			for _, r := range c.evs {
-				if rel, ok := r.ev.(*failover.Released); ok && rel.Rev == prev.rev {
-					from = c.siteName(r.site)
-				}
+			if site, ok := c.index().released[prev.rev]; ok {
+				from = c.siteName(site)
 			}
 			if from == "" && c.regIndex(prev.rev) > 0 {
 				for j := c.regIndex(prev.rev) - 1; j >= 0; j-- {
@@ -674,15 +989,12 @@ func (c *computation) transitions() {
 		}
 		if p.Reason == failover.AcquireHandoff || from != "" {
 			// Why the previous holder stepped down: its last demotion request.
-			for _, r := range c.evs {
-				if r.t.After(promotedAt) {
-					break
-				}
-				if d, ok := r.ev.(*failover.DemotionRequested); ok && c.siteName(r.site) == from {
-					h.RequestedAt = ptr(r.t)
-					if p.Reason == failover.AcquireHandoff && h.Kind != "switchover" {
-						h.Kind = d.Reason.String()
-					}
+			ds := c.index().demotions[from]
+			if i := sort.Search(len(ds), func(i int) bool { return ds[i].t.After(promotedAt) }); i > 0 {
+				r := ds[i-1]
+				h.RequestedAt = ptr(r.t)
+				if p.Reason == failover.AcquireHandoff && h.Kind != "switchover" {
+					h.Kind = r.ev.(*failover.DemotionRequested).Reason.String()
 				}
 			}
 		}
@@ -695,6 +1007,34 @@ func (c *computation) transitions() {
 		c.r.Handovers = append(c.r.Handovers, h)
 	}
 	slices.SortStableFunc(c.r.Failovers, func(a, b Failover) int { return a.PromotedAt.Compare(*b.PromotedAt) })
+}
+
+// eventIndex finds the events transitions looks up, once.
+type eventIndex struct {
+	released  map[uint64]int32      // a released event's revision → its site
+	demotions map[string][]eventRec // each site's demotion requests, in time order
+	attempts  map[siteTerm][]int    // each site's acquire attempts of a term: indexes into evs
+}
+
+func (c *computation) index() *eventIndex {
+	if c.idx != nil {
+		return c.idx
+	}
+	x := &eventIndex{released: map[uint64]int32{}, demotions: map[string][]eventRec{}, attempts: map[siteTerm][]int{}}
+	for k, e := range c.evs {
+		switch ev := e.ev.(type) {
+		case *failover.Released:
+			x.released[ev.Rev] = e.site
+		case *failover.DemotionRequested:
+			site := c.siteName(e.site)
+			x.demotions[site] = append(x.demotions[site], e)
+		case *failover.AcquireAttempted:
+			key := siteTerm{c.siteName(e.site), ev.Term}
+			x.attempts[key] = append(x.attempts[key], k)
+		}
+	}
+	c.idx = x
+	return x
 }
 
 // servingAt is when to started serving the term it won at promotedAt.
@@ -742,16 +1082,12 @@ func (c *computation) failover(to string, term, rev uint64, promotedAt time.Time
 	// The promotion attempt: the new holder's first attempt at this term
 	// after that write.
 	var attempt *eventRec
-	for k := range c.evs {
-		a, ok := c.evs[k].ev.(*failover.AcquireAttempted)
-		if !ok || c.siteName(c.evs[k].site) != to || a.Term != term {
-			continue
-		}
+	for _, k := range c.index().attempts[siteTerm{to, term}] {
 		if last != nil && c.evs[k].t.Before(time.Unix(0, last.t)) {
 			continue
 		}
 		attempt = &c.evs[k]
-		fo.StaleMS = ms(a.Stale)
+		fo.StaleMS = ms(c.evs[k].ev.(*failover.AcquireAttempted).Stale)
 		break
 	}
 	var attemptAt time.Time
@@ -927,9 +1263,9 @@ func (c *computation) splitBrain() {
 		}
 		return end
 	}
-	ls := c.r.Leadership
+	ls := c.r.Leadership // by From
 	for i := range ls {
-		for j := i + 1; j < len(ls); j++ {
+		for j := i + 1; j < len(ls) && ls[j].From.Before(upTo(ls[i])); j++ {
 			a, b := ls[i], ls[j]
 			if a.Site == b.Site {
 				continue
@@ -1098,23 +1434,61 @@ func (c *computation) availability() {
 		site  string
 		basis string
 	}
-	var spans []span
+	clip := func(a, b time.Time) (time.Time, time.Time, bool) {
+		a, b = maxTime(a, c.w0), minTime(b, c.w1)
+		return a, b, a.Before(b)
+	}
+	// spans: where someone certainly served; maybe: where someone may have
+	// (those and each interval up to the latest it may have stopped, and
+	// the silent stretches of register writes).
+	var spans, maybe []span
 	for _, t := range c.r.Leadership {
-		b := c.w1
+		b, latest := c.w1, c.w1
 		if t.To != nil {
-			b = *t.To
+			b, latest = *t.To, *t.To
 		}
-		a := maxTime(t.From, c.w0)
-		b = minTime(b, c.w1)
-		if a.Before(b) {
-			spans = append(spans, span{a, b, t.Site, t.EndBasis})
+		if t.ToLatest != nil {
+			latest = *t.ToLatest
+		}
+		if x, y, ok := clip(t.From, b); ok {
+			spans = append(spans, span{x, y, t.Site, t.EndBasis})
+		}
+		if x, y, ok := clip(t.From, latest); ok {
+			maybe = append(maybe, span{x, y, t.Site, ""})
+		}
+	}
+	for _, m := range c.mayHaveServed {
+		if x, y, ok := clip(m.From, m.To); ok {
+			maybe = append(maybe, span{x, y, m.Site, ""})
 		}
 	}
 	slices.SortFunc(spans, func(x, y span) int { return x.a.Compare(y.a) })
-	var served, out time.Duration
+	slices.SortFunc(maybe, func(x, y span) int { return x.a.Compare(y.a) })
+	// maybe as a union of disjoint stretches, in order.
+	var union []span
+	for _, m := range maybe {
+		if n := len(union); n > 0 && !m.a.After(union[n-1].b) {
+			union[n-1].b = maxTime(union[n-1].b, m.b)
+			continue
+		}
+		union = append(union, m)
+	}
+	// The register's may-have-served stretches, by start, with the latest
+	// end so far (to find those that reach into an outage).
+	mays := c.mayHaveServed
+	slices.SortFunc(mays, func(x, y MaySpan) int { return x.From.Compare(y.From) })
+	mayReach := make([]time.Time, len(mays))
+	for i, m := range mays {
+		mayReach[i] = m.To
+		if i > 0 {
+			mayReach[i] = maxTime(m.To, mayReach[i-1])
+		}
+	}
+	var served, out, outMin, longestMin time.Duration
 	var cur *span
 	var longest time.Duration
 	var longestAt time.Time
+	bounded := 0
 	outages := []Outage{}
 	gap := func(from *span, to time.Time, by string) {
 		d := to.Sub(from.b)
@@ -1122,7 +1496,48 @@ func (c *computation) availability() {
 			longest, longestAt = d, from.b
 		}
 		out += d
-		outages = append(outages, Outage{From: from.b, To: to, MS: ms(d), After: from.site, AfterBasis: from.basis, By: by, Open: by == ""})
+		o := Outage{From: from.b, To: to, MS: ms(d), After: from.site, AfterBasis: from.basis, By: by, Open: by == ""}
+		// What is left of it once every stretch where someone may have
+		// served is taken out.
+		var certain []Span
+		var least time.Duration
+		at := from.b
+		for i := sort.Search(len(union), func(i int) bool { return union[i].b.After(at) }); i < len(union) && union[i].a.Before(to); i++ {
+			m := union[i]
+			if m.a.After(at) {
+				certain = append(certain, Span{From: at, To: m.a, MS: ms(m.a.Sub(at))})
+			}
+			at = m.b
+		}
+		if at.Before(to) {
+			certain = append(certain, Span{From: at, To: to, MS: ms(to.Sub(at))})
+		}
+		for _, p := range certain {
+			least += p.To.Sub(p.From)
+			longestMin = max(longestMin, p.To.Sub(p.From))
+		}
+		outMin += least
+		o.MinMS = ms(least)
+		if least < d {
+			bounded++
+			o.Bounded, o.Certain = true, certain
+			if len(certain) == 0 || certain[0].From.After(from.b) {
+				latest := to
+				if len(certain) > 0 {
+					latest = certain[0].From
+				}
+				o.FromLatest = ptr(latest)
+			}
+			i := sort.Search(len(mays), func(i int) bool { return !mays[i].From.Before(to) }) - 1
+			for ; i >= 0 && mayReach[i].After(from.b); i-- {
+				if m := mays[i]; m.To.After(from.b) {
+					o.MayHaveServed = append(o.MayHaveServed, m)
+				}
+			}
+			slices.Reverse(o.MayHaveServed)
+			o.Why = c.outageWhy(o)
+		}
+		outages = append(outages, o)
 	}
 	for i := range spans {
 		s := spans[i]
@@ -1145,7 +1560,8 @@ func (c *computation) availability() {
 			gap(cur, c.w1, "")
 		}
 	}
-	a := Availability{ServedMS: ms(served), ReadOnlyMS: ms(c.w1.Sub(c.w0) - served), LongestGapMS: ms(longest), OutageMS: ms(out), Outages: outages}
+	a := Availability{ServedMS: ms(served), ReadOnlyMS: ms(c.w1.Sub(c.w0) - served), LongestGapMS: ms(longest), OutageMS: ms(out), Outages: outages,
+		OutageMinMS: ms(outMin), LongestGapMinMS: ms(longestMin), Bounded: bounded}
 	if w := c.w1.Sub(c.w0); w > 0 {
 		a.Fraction = float64(served) / float64(w)
 	}
@@ -1153,6 +1569,22 @@ func (c *computation) availability() {
 		a.LongestGapAt = ptr(longestAt)
 	}
 	c.r.Availability = a
+}
+
+// outageWhy says what the record cannot show about a bounded outage.
+func (c *computation) outageWhy(o Outage) string {
+	var parts []string
+	if o.FromLatest != nil {
+		parts = append(parts, fmt.Sprintf("%s's stop is not in the record in time: it served at least until its last register write at %s and by the rules stopped by %s",
+			o.After, o.From.Format(timeFormat), o.FromLatest.Format(timeFormat)))
+	}
+	for _, m := range o.MayHaveServed {
+		parts = append(parts, fmt.Sprintf("%s may have served from %s to %s (%s)", m.Site, m.From.Format(timeFormat), m.To.Format(timeFormat), m.Why))
+	}
+	if len(parts) == 0 {
+		parts = append(parts, "a serving interval's end is not in the record")
+	}
+	return strings.Join(parts, "; ")
 }
 
 // --- timeline, records --------------------------------------------------------

@@ -35,6 +35,8 @@ type Options struct {
 	// From and To bound the report (zero: the extent of the record). Records
 	// outside still set the state at From (who served when the window
 	// opened) but are not counted in heartbeat statistics or availability.
+	// To is kept even after the last record: give it only when the record
+	// was read up to it (an export's header To).
 	From, To time.Time
 	// Source says where the records came from (shown in reports).
 	Source string

@@ -104,8 +104,12 @@ func WriteHTML(out io.Writer, r *Report) error {
 	if len(r.SplitBrain) > 0 {
 		verdict, vclass = fmt.Sprintf("SPLIT-BRAIN: %d overlap(s) of two serving members", len(r.SplitBrain)), "bad"
 	}
-	fmt.Fprintf(w, "<div class=\"verdict %s\" id=\"verdict\">%s · failovers %d · handovers %d · availability %.4f%% · read-only %s</div>\n",
-		vclass, e(verdict), len(r.Failovers), len(r.Handovers), 100*r.Availability.Fraction, e(dur(r.Availability.ReadOnlyMS)))
+	bounded := ""
+	if r.Availability.Bounded > 0 {
+		bounded = fmt.Sprintf(" (at most; %d outage(s) bounded)", r.Availability.Bounded)
+	}
+	fmt.Fprintf(w, "<div class=\"verdict %s\" id=\"verdict\">%s · failovers %d · handovers %d · availability %.4f%% · read-only %s%s</div>\n",
+		vclass, e(verdict), len(r.Failovers), len(r.Handovers), 100*r.Availability.Fraction, e(dur(r.Availability.ReadOnlyMS)), e(bounded))
 	fmt.Fprintf(w, "%s\n", htmlLegend)
 	fmt.Fprintf(w, "<div id=\"chart\"></div><div id=\"tip\" role=\"tooltip\"></div><p class=\"note\" id=\"chart-note\"></p>\n")
 
@@ -150,7 +154,11 @@ func WriteHTML(out io.Writer, r *Report) error {
 	section("Leadership")
 	tableHead("site", "term", "from", "to", "for", "end", "database up until (split-brain check)")
 	for _, t := range r.Leadership {
-		row(t.Site, fmt.Sprint(t.Term), t.From.Format(tf)+" ("+t.FromBasis+")", at(t.To)+" ("+t.EndBasis+")", dur(t.DurationMS), t.End, at(t.UpUntil)+" ("+t.UpBasis+")")
+		to := at(t.To) + " (" + t.EndBasis + ")"
+		if t.ToLatest != nil {
+			to += ", stopped by " + at(t.ToLatest)
+		}
+		row(t.Site, fmt.Sprint(t.Term), t.From.Format(tf)+" ("+t.FromBasis+")", to, dur(t.DurationMS), t.End, at(t.UpUntil)+" ("+t.UpBasis+")")
 	}
 	tableEnd()
 	if len(r.SplitBrain) > 0 {
@@ -161,6 +169,23 @@ func WriteHTML(out io.Writer, r *Report) error {
 				return fmt.Sprintf("%s term %d: %s (%s) → %s (%s)", t.Site, t.Term, t.From.Format(tf), refString(t.FromEvent), at(t.UpUntil), upString(t))
 			}
 			row(o.From.Format(tf)+" → "+o.To.Format(tf), fmt.Sprintf("%.0f", o.MS), iv(o.Intervals[0]), iv(o.Intervals[1]))
+		}
+		tableEnd()
+	}
+	a := r.Availability
+	section(fmt.Sprintf("Outages (%d)", len(a.Outages)))
+	if a.Bounded > 0 {
+		fmt.Fprintf(w, "<p class=\"note\" id=\"bounded\">The record bounds %d outage(s): nobody served for at most %s in total (at least %s); the longest at most %s (at least %s).</p>\n",
+			a.Bounded, e(dur(a.OutageMS)), e(dur(a.OutageMinMS)), e(dur(a.LongestGapMS)), e(dur(a.LongestGapMinMS)))
+	}
+	if len(a.Outages) > 0 {
+		tableHead("from", "to", "ms (at most)", "at least", "after", "by", "what the record cannot show")
+		for _, o := range a.Outages {
+			by := o.By
+			if o.Open {
+				by = "(still)"
+			}
+			row(o.From.Format(tf), o.To.Format(tf), fmt.Sprintf("%.0f", o.MS), fmt.Sprintf("%.0f", o.MinMS), o.After+" ("+o.AfterBasis+")", by, o.Why)
 		}
 		tableEnd()
 	}

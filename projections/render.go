@@ -102,6 +102,9 @@ func WriteText(out io.Writer, r *Report) error {
 		switch t.EndBasis {
 		case "last-heartbeat":
 			to += " (last heartbeat)"
+			if t.ToLatest != nil {
+				to += ", stopped by " + at(t.ToLatest)
+			}
 		case "open":
 			to = "still serving"
 		}
@@ -158,6 +161,20 @@ func WriteText(out io.Writer, r *Report) error {
 		fmt.Fprintf(w, "; longest stretch with nobody serving %s from %s", dur(a.LongestGapMS), at(a.LongestGapAt))
 	}
 	fmt.Fprintln(w)
+	if len(a.Outages) > 0 {
+		fmt.Fprintf(w, "  nobody serving %s in %d outage(s)", dur(a.OutageMS), len(a.Outages))
+		if a.Bounded > 0 {
+			fmt.Fprintf(w, " — AT MOST: the record bounds %d of them; at least %s in total, the longest at least %s",
+				a.Bounded, dur(a.OutageMinMS), dur(a.LongestGapMinMS))
+		}
+		fmt.Fprintln(w)
+		for _, o := range a.Outages {
+			if !o.Bounded {
+				continue
+			}
+			fmt.Fprintf(w, "  bounded outage from %s to %s: at most %s, at least %s — %s\n", o.From.Format(tf), o.To.Format(tf), dur(o.MS), dur(o.MinMS), o.Why)
+		}
+	}
 
 	fmt.Fprintf(w, "\nHEARTBEATS (server time; intervals in ms; gap: > 1.5 × heartbeat_timeout)\n")
 	tw = newTable(w, "  ", "SITE", "SERIES", "COUNT", "INTERVALS", "P50", "P90", "P99", "MAX", "GAPS", "MISSED", "FENCED")

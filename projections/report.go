@@ -107,6 +107,12 @@ type Tenure struct {
 	// (last unfenced register write + (failure_threshold + 1) ×
 	// heartbeat_timeout + fence_grace: by then a live holder has fenced
 	// itself, and a dead one's database died with it). nil: open.
+	// ToLatest is the latest it may have stopped serving, when To is not
+	// recorded (end_basis "last-heartbeat"): the rules' bound after its
+	// last unfenced register write, or sooner its restart, its stop event
+	// as dated (a slow append dates it late, never early), or a fenced
+	// register write of its term.
+	ToLatest          *time.Time `json:"to_latest,omitempty"`
 	UpUntil           *time.Time `json:"up_until"`
 	UpBasis           string     `json:"up_basis"`
 	LastRegisterWrite *time.Time `json:"last_register_write,omitempty"`
@@ -250,18 +256,32 @@ type HeartbeatStats struct {
 }
 
 // Availability is how much of the window some member served.
+//
+// The record dates a member's fact when it reached NATS, less the time it
+// waited on its node. Where it holds no fact for a change — a stop that
+// was not recorded in time (a power cut, a crash, events that died with
+// the process or landed later than the rules allow), a serving whose
+// serving_started is missing — it only bounds it. The figures are then
+// the most the outages can have lasted (OutageMS, LongestGapMS: never
+// less than the truth) with the least beside them (OutageMinMS,
+// LongestGapMinMS); Bounded counts the outages where the two differ.
 type Availability struct {
 	Fraction   float64 `json:"fraction"` // served / window
 	ServedMS   float64 `json:"served_ms"`
 	ReadOnlyMS float64 `json:"read_only_ms"`
 	// LongestGapMS: the longest stretch with nobody serving, after someone
-	// first served in the window.
-	LongestGapMS float64    `json:"longest_gap_ms"`
-	LongestGapAt *time.Time `json:"longest_gap_at,omitempty"`
+	// first served in the window. LongestGapMinMS: the least the longest
+	// can have been (the longest stretch where nobody can have served).
+	LongestGapMS    float64    `json:"longest_gap_ms"`
+	LongestGapMinMS float64    `json:"longest_gap_min_ms"`
+	LongestGapAt    *time.Time `json:"longest_gap_at,omitempty"`
 	// OutageMS is the total of Outages: the time nobody served after
 	// someone first did (ReadOnlyMS also counts the start of the window).
-	OutageMS float64  `json:"outage_ms"`
-	Outages  []Outage `json:"outages"`
+	// OutageMinMS: the least it can have been.
+	OutageMS    float64  `json:"outage_ms"`
+	OutageMinMS float64  `json:"outage_min_ms"`
+	Bounded     int      `json:"bounded"`
+	Outages     []Outage `json:"outages"`
 }
 
 // Outage is a stretch with nobody serving, after someone first served in
@@ -273,12 +293,46 @@ type Outage struct {
 	// After is the site whose serving interval ended it, and AfterBasis
 	// how that end is known (the interval's end_basis: "recorded", or
 	// "last-heartbeat" when no stop was recorded in time — the outage may
-	// then have begun up to the rules' stop bound later).
+	// then have begun as late as FromLatest).
 	After      string `json:"after"`
 	AfterBasis string `json:"after_basis"`
 	// By is the site whose serving ended it; "" while it lasts (Open).
 	By   string `json:"by,omitempty"`
 	Open bool   `json:"open,omitempty"`
+	// MinMS is the least it can have lasted: MS less the stretches where
+	// the record allows that someone served (the previous interval up to
+	// the latest it may have stopped; MayHaveServed). Bounded: MinMS < MS.
+	MinMS   float64 `json:"min_ms"`
+	Bounded bool    `json:"bounded,omitempty"`
+	// FromLatest: the latest it may have begun (with Bounded).
+	FromLatest *time.Time `json:"from_latest,omitempty"`
+	// Certain: the stretches inside it where nobody can have served (with
+	// Bounded; their total is MinMS).
+	Certain []Span `json:"certain,omitempty"`
+	// MayHaveServed: the stretches inside it where the register shows a
+	// site that may have served without a recorded serving_started.
+	MayHaveServed []MaySpan `json:"may_have_served,omitempty"`
+	// Why says, for a bounded outage, what the record cannot show.
+	Why string `json:"why,omitempty"`
+}
+
+// Span is a stretch of time.
+type Span struct {
+	From time.Time `json:"from"`
+	To   time.Time `json:"to"`
+	MS   float64   `json:"ms"`
+}
+
+// MaySpan is a stretch where a site may have served: its register writes
+// show it holding the register unfenced after its last recorded event,
+// whose serving_started (and what followed) died with its process.
+type MaySpan struct {
+	Site string    `json:"site"`
+	Term uint64    `json:"term"`
+	From time.Time `json:"from"`
+	To   time.Time `json:"to"`
+	MS   float64   `json:"ms"`
+	Why  string    `json:"why"`
 }
 
 // Segment is one stretch of one site's lane.

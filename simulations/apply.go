@@ -156,6 +156,7 @@ func (s *sim) natsDown(power bool) {
 		s.count(cLostAckedWrites)
 		s.tracef("nats", "power cut lost %d acknowledged KV writes and %d events (fsync: interval)", lostKV, lostEvents)
 		s.reloadRegister()
+		s.recordLost()
 	} else {
 		s.tracef("nats", "down (%s)", map[bool]string{true: "power cut", false: "crash"}[power])
 	}

@@ -1,6 +1,7 @@
 package simulations
 
 import (
+	"strings"
 	"time"
 
 	"understudy/actors/failover"
@@ -22,8 +23,8 @@ const (
 	// failover_timeout + 2 heartbeat_timeout + fence chain + promote chain +
 	// 6 × the link's maximum latency.
 	InvDeadNotReplaced = "dead-primary-not-replaced"
-	// InvFlapping: more than maxCalmChanges leadership changes once every
-	// fault had cleared.
+	// InvFlapping: more leadership changes once every fault had cleared
+	// than the rules allow (calmChanges).
 	InvFlapping = "leadership-flapping"
 	// InvUnavailable: every fault had cleared, both members and NATS ran,
 	// and still nobody served for longer than the settle bound (the
@@ -34,6 +35,23 @@ const (
 	// must never happen in it did).
 	InvScenario = "scenario-expectation"
 )
+
+// calmChanges is how many times the register may change hands once every
+// fault has cleared (both members and NATS up, links clean). A change is a
+// takeover or a failback. A takeover needs the holder's writes to stop
+// landing, or it to stay fenced, for failover_timeout: with no fault a
+// live holder's writes land every heartbeat_timeout, so only a takeover
+// the fault set going (the holder died, went stale, or fenced itself
+// before it cleared) remains — one. A failback needs failback: auto, the
+// replica holding and the preferred primary ready; once the primary holds,
+// nothing moves it — one more. Any further change needs another fault.
+func calmChanges(r failover.Rules) int {
+	n := 1
+	if r.Failback == failover.FailbackAuto {
+		n++
+	}
+	return n
+}
 
 // scopes of faults, for calm periods: one per node, and NATS itself.
 const scopeNATS = 2
@@ -48,11 +66,10 @@ type invariants struct {
 	everServed bool
 	gap        bool
 	gapStart   time.Duration
-	gapCause   string
-	gapSite    string
 	maxGap     time.Duration
 	totalGap   time.Duration
-	outages    []Outage
+	outages    []Outage    // the last one is open while gap
+	orec       []outageRec // what the record shows of each (record.go)
 	takeovers  []Takeover
 	// calm periods
 	active     [3]int
@@ -116,7 +133,7 @@ func (v *invariants) registerWritten(s *sim, n *node, w *failover.Write, res wri
 			if v.calm() {
 				v.calmChanges++
 				if v.calmChanges > s.calmLimit {
-					s.violate(InvFlapping, "%d leadership changes since every fault cleared at %.3fs (at most %d expected: a takeover in progress, then a failback)",
+					s.violate(InvFlapping, "%d leadership changes since every fault cleared at %.3fs (the rules allow %d: a takeover already under way, then a failback when failback is auto)",
 						v.calmChanges, max(v.lastChange[0], v.lastChange[1], v.lastChange[scopeNATS]).Seconds(), s.calmLimit)
 				}
 			}
@@ -154,6 +171,9 @@ func (v *invariants) servingChanged(s *sim, n *node) {
 // the next promote step that completes.
 func (v *invariants) availabilityChanged(s *sim, n *node, cause string) {
 	up := s.nodes[0].available() || s.nodes[1].available()
+	if !n.available() {
+		n.endOutage = 0 // what it appends now dates no outage's end
+	}
 	switch {
 	case up && v.gap:
 		v.closeGap(s, n.site, false)
@@ -161,7 +181,9 @@ func (v *invariants) availabilityChanged(s *sim, n *node, cause string) {
 	case up:
 		v.everServed = true
 	case v.everServed && !v.gap:
-		v.gap, v.gapStart, v.gapCause, v.gapSite = true, s.now, cause, n.site
+		v.gap, v.gapStart = true, s.now
+		v.outages = append(v.outages, Outage{TrueFrom: s.now.Seconds(), Site: n.site, Cause: cause})
+		s.outageOpened(n, len(v.outages)-1, strings.HasPrefix(cause, "stop: "))
 	}
 }
 
@@ -169,8 +191,13 @@ func (v *invariants) closeGap(s *sim, by string, open bool) {
 	d := s.now - v.gapStart
 	v.maxGap = max(v.maxGap, d)
 	v.totalGap += d
-	v.outages = append(v.outages, Outage{From: v.gapStart.Seconds(), To: s.now.Seconds(), MS: float64(d) / float64(time.Millisecond),
-		Site: v.gapSite, Cause: v.gapCause, By: by, Open: open})
+	o := &v.outages[len(v.outages)-1]
+	o.TrueTo, o.TrueMS, o.By, o.Open = s.now.Seconds(), msOf(d), by, open
+	r := &v.orec[len(v.orec)-1]
+	r.toSrv = s.srv(s.now)
+	if n := s.nodeBySite(by); n != nil {
+		r.toNode = int8(n.idx)
+	}
 	v.gap = false
 }
 

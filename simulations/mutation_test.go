@@ -5,6 +5,7 @@ package simulations
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -21,5 +22,13 @@ func TestMutationSkipFenceIsFound(t *testing.T) {
 	}
 	for _, f := range res.Failed[:1] {
 		t.Logf("seed %d: %s: %s\n\tminimal: %s", f.Seed, f.Invariant, f.Detail, f.MinimalReproduce)
+	}
+	// A normal binary cannot reproduce what only this build does: the
+	// printed commands build it.
+	const want = "go run -tags libvirt_dlopen,understudy_mutation_skipfence ./cmd/understudy simulate --scenario random --seed "
+	for _, f := range res.Failed {
+		if !strings.HasPrefix(f.Reproduce, want) || (f.MinimalReproduce != "" && !strings.HasPrefix(f.MinimalReproduce, want)) {
+			t.Errorf("seed %d: reproduce %q / %q does not build the planted bug (want the prefix %q)", f.Seed, f.Reproduce, f.MinimalReproduce, want)
+		}
 	}
 }

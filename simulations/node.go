@@ -76,7 +76,21 @@ type node struct {
 	servingSince time.Duration
 	stopping     bool  // a fence or demote chain runs on the serving database
 	takeover     int   // 1 + index of the takeover it won and has not yet served (0: none)
-	endOutage    int32 // 1 + index of the outage its serving ended, until serving_started is queued (0: none)
+	endOutage    int32 // 1 + index of the outage its serving ended, while it stays available (0: none)
+
+	// What the record shows (record.go).
+	stopMark    [2]int32          // 1 + the record mark of the stop event of its current serving, by subject (0: none yet)
+	named       map[chainKey]bool // the chains its landed member events name
+	recWrites   []landing         // its unfenced register writes that landed, in order
+	recUnsorted bool              // ... not in server-time order (the server's clock stepped back)
+	stopOutage  int32             // 1 + index of the latest outage its stop opened (0: none)
+	stopAt      time.Duration     // when
+	evTerm      uint64            // its last unfenced register write that landed: term,
+	evLanded    time.Duration     // server time,
+	evRev       uint64            // revision
+	evOK        bool
+	lastRec     [2]time.Duration // the record date of the latest event on its member and procedure subjects
+	recSeen     [2]bool
 
 	tickGen uint64
 	tickAt  time.Duration

@@ -176,7 +176,7 @@ func (s *sim) setServing(n *node, on bool, why string) {
 		if on && n.stopping {
 			// A promote completed on a database a stop had started on (the
 			// stop was superseded): it is available again.
-			n.stopping = false
+			n.stopping, n.stopMark = false, [2]int32{}
 			s.inv.availabilityChanged(s, n, "")
 		}
 		return
@@ -185,7 +185,7 @@ func (s *sim) setServing(n *node, on bool, why string) {
 	n.serving, n.stopping = on, false
 	s.tr.u64(uint64(n.idx)<<1 | b2u(on))
 	if on {
-		n.servingSince = s.now
+		n.servingSince, n.stopMark = s.now, [2]int32{}
 		s.tracef(n.site, "resource SERVING (%s)", why)
 	} else {
 		s.tracef(n.site, "resource stopped (%s)", why)

@@ -2,6 +2,7 @@ package simulations
 
 import (
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"understudy/actors/failover"
@@ -260,8 +261,15 @@ func RandomSchedule(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
 		fn func(t time.Duration, site string) (Fault, bool)
 	}
 	dir := func() Dir { return []Dir{DirUp, DirDown, DirBoth, DirBoth}[r.IntN(4)] }
-	restart := func(lo, hi time.Duration) time.Duration {
-		if r.IntN(10) == 0 {
+	// One crash or power cut in ten is for good — the dead-primary check
+	// needs them — but only while the other site lives: with both dead for
+	// good nothing is left to fail over, and the rest of the run tests
+	// nothing.
+	var gone [2]bool
+	restart := func(site string, lo, hi time.Duration) time.Duration {
+		i := slices.Index(sites, site)
+		if r.IntN(10) == 0 && !gone[1-i] {
+			gone[i] = true
 			return 0 // never
 		}
 		return between(r, lo, hi)
@@ -280,10 +288,10 @@ func RandomSchedule(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
 			return Fault{Kind: FaultLatency, Site: site, Dir: dir(), Value: between(r, hb/10, 3*hb), At: t, For: between(r, 5*time.Second, 60*time.Second)}, true
 		}},
 		{8, func(t time.Duration, site string) (Fault, bool) {
-			return Fault{Kind: FaultCrash, Site: site, At: t, For: restart(time.Second, 3*fo)}, true
+			return Fault{Kind: FaultCrash, Site: site, At: t, For: restart(site, time.Second, 3*fo)}, true
 		}},
 		{6, func(t time.Duration, site string) (Fault, bool) {
-			return Fault{Kind: FaultPowerCut, Site: site, At: t, For: restart(5*time.Second, 5*fo)}, true
+			return Fault{Kind: FaultPowerCut, Site: site, At: t, For: restart(site, 5*time.Second, 5*fo)}, true
 		}},
 		{6, func(t time.Duration, site string) (Fault, bool) {
 			i := 0

@@ -108,7 +108,12 @@ func complement(chunks [][]Fault, skip int) []Fault {
 // is the --pair-config path the run used ("" when the default rules).
 func Command(cfg Config, pairConfig string) string {
 	var b strings.Builder
-	b.WriteString("understudy simulate --scenario ")
+	if buildTag != "" {
+		// The failure needs the planted bug: build it as this binary was.
+		b.WriteString("go run -tags libvirt_dlopen," + buildTag + " ./cmd/understudy simulate --scenario ")
+	} else {
+		b.WriteString("understudy simulate --scenario ")
+	}
 	b.WriteString(cfg.Scenario)
 	b.WriteString(" --seed ")
 	b.WriteString(strconv.FormatUint(cfg.Seed, 10))

@@ -76,15 +76,21 @@ type Result struct {
 	Violations        []Violation `json:"violations"`
 	Failovers         int         `json:"failovers"`
 	LeadershipChanges int         `json:"leadership_changes"`
-	MaxUnavailableMS  float64     `json:"max_unavailable_ms"`
-	// UnavailableMS is the total time nobody was available, from the first
-	// moment something was; Outages lists each stretch (see Outage).
-	UnavailableMS float64    `json:"unavailable_ms"`
-	Outages       []Outage   `json:"outages"`
-	Takeovers     []Takeover `json:"takeovers"`
-	Fsync         string     `json:"fsync"`
-	Faults        string     `json:"faults"`
-	Sometimes     []Counter  `json:"sometimes"`
+	// MaxUnavailableMS and UnavailableMS are the longest and the total
+	// time nobody was available, from the first moment something was, with
+	// each outage dated as the record dates it (see Outage): what `replay`
+	// of this run's --out reports, or, where the record only bounds an
+	// outage, a figure within the bounds it reports. The True figures are
+	// by the simulator's own clock.
+	MaxUnavailableMS     float64    `json:"max_unavailable_ms"`
+	UnavailableMS        float64    `json:"unavailable_ms"`
+	TrueMaxUnavailableMS float64    `json:"true_max_unavailable_ms"`
+	TrueUnavailableMS    float64    `json:"true_unavailable_ms"`
+	Outages              []Outage   `json:"outages"`
+	Takeovers            []Takeover `json:"takeovers"`
+	Fsync                string     `json:"fsync"`
+	Faults               string     `json:"faults"`
+	Sometimes            []Counter  `json:"sometimes"`
 	// Unexercised lists required counters that stayed 0: the run did not
 	// exercise what its scenario claims to.
 	Unexercised []string `json:"unexercised"`
@@ -92,8 +98,9 @@ type Result struct {
 
 // Outage is a stretch with no database available: from a stop's start (a
 // fence or demote chain starting on the last available database) or its
-// process going down, to a promote step completing. Times are simulated
-// seconds since the start of the run.
+// process going down, to a promote step completing. From, To and MS date
+// it as the record does (record.go): seconds since Epoch on the server's
+// clock; TrueFrom and TrueTo are when it happened (virtual time).
 type Outage struct {
 	From  float64 `json:"from"`
 	To    float64 `json:"to"`
@@ -102,11 +109,16 @@ type Outage struct {
 	Cause string  `json:"cause"`        // "stop: fence", "stop: demote", "down: process gone"
 	By    string  `json:"by,omitempty"` // the site that became available ("" if open)
 	Open  bool    `json:"open,omitempty"`
-	// EndInRecord: the serving_started event of the site that ended it was
-	// stored. It is not when the member died with the event still queued
-	// on its node (or the run ended first): the record then cannot show
-	// that the site served, and shows this outage and the next as one.
-	EndInRecord bool `json:"end_in_record"`
+	// FromBasis: "recorded" (the stop event, as dated), "late" (it landed
+	// later than the rules allow), "lost" (it died with its process),
+	// "down" (the process went: no stop event). ToBasis: "recorded" (the
+	// serving_started, as dated), "lost" (it died with its process: the
+	// record cannot show that the site served), "open".
+	FromBasis string  `json:"from_basis"`
+	ToBasis   string  `json:"to_basis"`
+	TrueFrom  float64 `json:"true_from"`
+	TrueTo    float64 `json:"true_to"`
+	TrueMS    float64 `json:"true_ms"`
 }
 
 // Takeover is a failover: an acquire that won the register from another
@@ -134,10 +146,9 @@ func (r *Result) Failed() bool { return len(r.Violations) > 0 }
 
 // Tuning of the model that is not configuration.
 const (
-	appendTimeout  = 5 * time.Second // the runtime appender's per-attempt timeout
-	restartDelay   = time.Second     // systemd RestartSec after a watchdog kill
-	maxCalmChanges = 3               // leadership changes allowed once every fault has cleared
-	minLatency     = 500 * time.Microsecond
+	appendTimeout = 5 * time.Second // the runtime appender's per-attempt timeout
+	restartDelay  = time.Second     // systemd RestartSec after a watchdog kill
+	minLatency    = 500 * time.Microsecond
 )
 
 // msgKind is what a message on a link carries.
@@ -170,7 +181,8 @@ type msg struct {
 	known    bool           // mAppend: last was read from the log
 	attempt  uint64         // mAppend, mAppendAck
 	queued   time.Duration  // mAppend: how long the event waited on its node
-	mark     int32          // mAppend: 1 + the outage a serving_started ends (0: none)
+	mark     int32          // mAppend: 1 + the index of its record mark (0: none; see record.go)
+	sent     time.Duration  // mWrite: when it was sent
 	seq      uint64         // mAppendAck
 	conflict bool           // mAppendAck
 	run      uint64         // mStep
@@ -207,6 +219,9 @@ type sim struct {
 	stopNow   bool
 	attempts  uint64
 	sw        int // switchover ids
+	// What the record shows (record.go).
+	recMarks  []recMark
+	anyQueued bool
 
 	// The register as the server holds it (decoded once per write).
 	reg      failover.Leader
@@ -287,7 +302,7 @@ func newSim(cfg Config) (*sim, error) {
 	s.fenceMax = chainMax(s.spec.Fence)
 	s.promoteMax = chainMax(s.spec.Promote)
 	s.bound = rules.FailoverTimeout + 2*rules.HeartbeatTimeout + s.fenceMax + s.promoteMax + 6*s.maxLat
-	s.calmLimit, s.foCheck = maxCalmChanges, rules.FailoverTimeout
+	s.calmLimit, s.foCheck = calmChanges(rules), rules.FailoverTimeout
 	s.settle = s.bound + time.Duration(rules.SuccessThreshold+2)*rules.HeartbeatTimeout + s.fenceMax + chainMax(s.spec.Demote)
 	for i, site := range []string{rules.Primary, rules.Replica} {
 		s.nodes[i] = s.newNode(i, site)
@@ -487,11 +502,7 @@ func (s *sim) appendEvent(n *node, stream int, ev events.Event) {
 	a := &n.apps[stream]
 	a.queue = append(a.queue, data)
 	a.born = append(a.born, n.clk.local(s.now))
-	var mark int32
-	if _, ok := ev.(*failover.ServingStarted); ok && stream == 0 {
-		mark, n.endOutage = n.endOutage, 0
-	}
-	a.marks = append(a.marks, mark)
+	a.marks = append(a.marks, s.markEvent(n, stream, ev))
 	s.pump(n, stream)
 }
 
@@ -513,7 +524,7 @@ func (s *sim) pump(n *node, stream int) {
 func (s *sim) sendWrite(n *node, w *failover.Write) {
 	n.pending[n.pendingNext%len(n.pending)] = pendingWrite{op: w.Op, deadline: w.Deadline, kind: w.Kind}
 	n.pendingNext++
-	ref := s.alloc(msg{kind: mWrite, inc: n.inc, write: *w})
+	ref := s.alloc(msg{kind: mWrite, inc: n.inc, write: *w, sent: s.now})
 	s.send(n, true, ref)
 }
 
@@ -529,8 +540,8 @@ func (s *sim) atServer(n *node, ref int32) {
 		s.serverWrite(n, ref)
 	case mAppend:
 		res, last := s.server.appendEvent(s.now, n.apps[m.stream].subject, m.data, m.last, m.known, m.queued)
-		if m.mark > 0 && !res.conflict {
-			s.inv.outages[m.mark-1].EndInRecord = true
+		if !res.conflict && !res.duplicate {
+			s.eventLanded(n, int(m.stream), m.mark, res.seq, m.queued)
 		}
 		*m = msg{kind: mAppendAck, inc: m.inc, stream: m.stream, attempt: m.attempt, seq: res.seq, conflict: res.conflict, last: last}
 		s.send(n, false, ref)
@@ -555,6 +566,7 @@ func (s *sim) serverWrite(n *node, ref int32) {
 		}
 		var in failover.Input
 		if leaderKey {
+			s.registerLanded(n, w, res.rev, m.sent)
 			s.inv.registerWritten(s, n, w, res)
 			s.reg, s.regRev, s.regTime, s.regKnown = w.Leader, res.rev, res.ts, true
 			s.inv.checkArm(s)
@@ -662,11 +674,12 @@ func (s *sim) result(wall time.Duration) *Result {
 		SimulatedSeconds: s.now.Seconds(), WallSeconds: wall.Seconds(),
 		Steps: s.steps, Digest: s.tr.sum(), Violations: s.viol,
 		Failovers: s.counters[cFailover], LeadershipChanges: s.inv.changes,
-		MaxUnavailableMS: float64(s.inv.maxGap) / float64(time.Millisecond),
-		UnavailableMS:    float64(s.inv.totalGap) / float64(time.Millisecond),
-		Outages:          s.inv.outages, Takeovers: s.inv.takeovers,
+		TrueMaxUnavailableMS: msOf(s.inv.maxGap), TrueUnavailableMS: msOf(s.inv.totalGap),
+		Outages: s.inv.outages, Takeovers: s.inv.takeovers,
 		Fsync: s.cfg.Fsync.String(), Faults: FormatFaults(s.faults),
 	}
+	total, longest := s.recordView()
+	r.UnavailableMS, r.MaxUnavailableMS = msOf(total), msOf(longest)
 	if r.Violations == nil {
 		r.Violations = []Violation{}
 	}

@@ -94,6 +94,9 @@ json). Rules that break the safety inequality are refused unless
 			if err != nil {
 				return usage(err)
 			}
+			if toT.After(now) {
+				toT = now // the record holds nothing later; the window ends where it was read
+			}
 			var proposed failover.Rules
 			var tap *patternTap
 			var newTap func(pair, bucket string) func(events.Record)
@@ -203,8 +206,8 @@ func replayFile(path, pair string, from, to time.Time, partial bool, stderr io.W
 	if from.IsZero() {
 		from = h.From
 	}
-	if to.IsZero() {
-		to = h.To
+	if to.IsZero() || (!h.To.IsZero() && to.After(h.To)) {
+		to = h.To // the file was written up to its header's To, not beyond
 	}
 	source := path
 	if h.Source != "" {

@@ -258,7 +258,8 @@ func printRun(w io.Writer, r *simulations.Result, reproduce, out string) {
 		faults = "none"
 	}
 	fmt.Fprintf(w, "faults (fsync %s): %s\n", r.Fsync, faults)
-	fmt.Fprintf(w, "failovers %d, leadership changes %d, longest time nobody served %.0f ms\n", r.Failovers, r.LeadershipChanges, r.MaxUnavailableMS)
+	fmt.Fprintf(w, "failovers %d, leadership changes %d, longest time nobody served %.0f ms (%.0f ms in all) as the record dates it; %.0f ms (%.0f ms) by the simulator's clock\n",
+		r.Failovers, r.LeadershipChanges, r.MaxUnavailableMS, r.UnavailableMS, r.TrueMaxUnavailableMS, r.TrueUnavailableMS)
 	var parts []string
 	for _, c := range r.Sometimes {
 		mark := ""

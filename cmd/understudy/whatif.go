@@ -45,13 +45,17 @@ type whatIfWindow struct {
 	MS   float64   `json:"ms"`
 }
 
-// whatIfActual is what the record itself shows (the replay's answer).
+// whatIfActual is what the record itself shows (the replay's answer). The
+// unavailability is the most it can have been; the Min figures the least,
+// where the record only bounds an outage (see projections.Availability).
 type whatIfActual struct {
-	Failovers        int     `json:"failovers"`
-	FalseFailovers   int     `json:"false_failovers"`
-	UnavailableMS    float64 `json:"unavailable_ms"`
-	MaxUnavailableMS float64 `json:"max_unavailable_ms"`
-	SplitBrain       int     `json:"split_brain"`
+	Failovers           int     `json:"failovers"`
+	FalseFailovers      int     `json:"false_failovers"`
+	UnavailableMS       float64 `json:"unavailable_ms"`
+	UnavailableMinMS    float64 `json:"unavailable_min_ms"`
+	MaxUnavailableMS    float64 `json:"max_unavailable_ms"`
+	MaxUnavailableMinMS float64 `json:"max_unavailable_min_ms"`
+	SplitBrain          int     `json:"split_brain"`
 }
 
 // whatIfRun is one simulated run of the pattern under a set of rules.
@@ -284,8 +288,9 @@ func whatIfTail(r failover.Rules) time.Duration {
 // holder was not down by the derived schedule (no crash or power cut of
 // it in force when it was taken over).
 func actualOf(rep *projections.Report, faults []simulations.Fault) whatIfActual {
-	a := whatIfActual{Failovers: len(rep.Failovers), UnavailableMS: rep.Availability.OutageMS,
-		MaxUnavailableMS: rep.Availability.LongestGapMS, SplitBrain: len(rep.SplitBrain)}
+	av := rep.Availability
+	a := whatIfActual{Failovers: len(rep.Failovers), UnavailableMS: av.OutageMS, UnavailableMinMS: av.OutageMinMS,
+		MaxUnavailableMS: av.LongestGapMS, MaxUnavailableMinMS: av.LongestGapMinMS, SplitBrain: len(rep.SplitBrain)}
 	for _, fo := range rep.Failovers {
 		if fo.PromotedAt == nil {
 			continue
@@ -336,8 +341,15 @@ func writeWhatIf(w io.Writer, r *whatIfReport, asJSON bool) error {
 	msd := func(v float64) string {
 		return time.Duration(v * float64(time.Millisecond)).Round(time.Millisecond).String()
 	}
-	row("unavailable, total", msd(r.Actual.UnavailableMS), msd(r.Recorded.UnavailableMS), msd(r.Proposed.UnavailableMS))
-	row("unavailable, longest", msd(r.Actual.MaxUnavailableMS), msd(r.Recorded.MaxUnavailableMS), msd(r.Proposed.MaxUnavailableMS))
+	// The record may only bound it: "at most (at least)".
+	bounded := func(most, least float64) string {
+		if least < most {
+			return msd(most) + " (≥ " + msd(least) + ")"
+		}
+		return msd(most)
+	}
+	row("unavailable, total", bounded(r.Actual.UnavailableMS, r.Actual.UnavailableMinMS), msd(r.Recorded.UnavailableMS), msd(r.Proposed.UnavailableMS))
+	row("unavailable, longest", bounded(r.Actual.MaxUnavailableMS, r.Actual.MaxUnavailableMinMS), msd(r.Recorded.MaxUnavailableMS), msd(r.Proposed.MaxUnavailableMS))
 	row("violations", fmt.Sprintf("%d split brain", r.Actual.SplitBrain), fmt.Sprint(len(r.Recorded.Violations)), fmt.Sprint(len(r.Proposed.Violations)))
 	if err := tw.Flush(); err != nil {
 		return err
@@ -352,7 +364,8 @@ func writeWhatIf(w io.Writer, r *whatIfReport, asJSON bool) error {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "of a live primary (false failovers): takeovers while the old holder's process ran (cut off, slow or paused, not dead).")
-	fmt.Fprintln(w, "unavailable: no database serving, after one first did (a stop's start counts).")
+	fmt.Fprintln(w, "unavailable: no database serving, after one first did (a stop's start counts), dated as the record dates it;")
+	fmt.Fprintln(w, "  where the record only bounds an outage (a stop it does not hold in time), the most it can have been (≥ the least).")
 	for _, n := range r.Notes {
 		fmt.Fprintln(w, "note:", n)
 	}
