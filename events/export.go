@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"understudy/events/mp"
 )
@@ -415,7 +416,19 @@ type ExportReader struct {
 	big    []byte // body of a frame larger than the buffer
 	peeked int    // bytes of the current frame still in the buffer
 	strs   map[string]string
+	// slab: where the records' small values (Data, header values) are
+	// copied, each byte written once and handed out once, so records share
+	// an allocation but no bytes (with each other or with the buffer).
+	slab []byte
 }
+
+// Slab sizes: values up to slabValueMax bytes are copied into slabs of
+// slabSize bytes (one allocation for many records); larger ones are
+// allocated alone, so a kept value pins little memory.
+const (
+	slabSize     = 16 << 10
+	slabValueMax = 512
+)
 
 // internLimit bounds the strings a reader shares between records (streams,
 // subjects, header names), so memory stays constant on any input.
@@ -769,7 +782,7 @@ func (r *ExportReader) parseRecord(body []byte) (Record, error) {
 			bit = 1 << 5
 			s, i, err = mp.Bytes(b, i)
 			if len(s) > 0 {
-				rec.Data = bytes.Clone(s)
+				rec.Data = r.keep(s)
 			}
 		default:
 			return valueEnd(b, i)
@@ -808,6 +821,35 @@ func (r *ExportReader) intern(b []byte) string {
 	return s
 }
 
+// keep returns a copy of b (not empty), in the slab when it is small: the
+// copy's capacity is its length, so appending to it reallocates rather
+// than write over the next value.
+func (r *ExportReader) keep(b []byte) []byte {
+	if len(b) > slabValueMax {
+		return bytes.Clone(b)
+	}
+	if cap(r.slab)-len(r.slab) < len(b) {
+		r.slab = make([]byte, 0, slabSize)
+	}
+	i := len(r.slab)
+	r.slab = append(r.slab, b...)
+	return r.slab[i:len(r.slab):len(r.slab)]
+}
+
+// keepString returns b as a string, copied into the slab when it is
+// small. The slab's bytes are never written again once handed out, so the
+// string is immutable as a string must be.
+func (r *ExportReader) keepString(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	if len(b) > slabValueMax {
+		return string(b)
+	}
+	k := r.keep(b)
+	return unsafe.String(&k[0], len(k))
+}
+
 // stringMap reads a msgpack map of strings at b[i:]; nil and empty give nil.
 func (r *ExportReader) stringMap(b []byte, i int, internKeys bool) (map[string]string, int, error) {
 	if i < len(b) && b[i] == 0xc0 {
@@ -830,7 +872,7 @@ func (r *ExportReader) stringMap(b []byte, i int, internKeys bool) (map[string]s
 		if internKeys {
 			key = r.intern(k)
 		}
-		m[key] = string(v)
+		m[key] = r.keepString(v)
 	}
 	if len(m) != n {
 		return nil, 0, fmt.Errorf("%w in a string map", errExportDupKey)

@@ -41,6 +41,11 @@ type computation struct {
 	// site may have served though no serving_started of it was recorded.
 	mayHaveServed []MaySpan
 	idx           *eventIndex
+	// gapFrom, gapOver: isGap's view of rules (when each takes effect, Unix
+	// ns; the interval over which is a gap, ns, or -1 for none); gapRule:
+	// the one used last.
+	gapFrom, gapOver []int64
+	gapRule          int
 }
 
 type ruleChange struct {
@@ -67,12 +72,12 @@ func (c *computation) run() *Report {
 		}
 		return cmp.Compare(a.seq, b.seq)
 	})
-	c.reg = f.reg // read only; sorted in a copy when it came out of order
+	c.reg = f.reg.all() // read only; sorted in a copy when it came out of order
 	if !slices.IsSortedFunc(c.reg, func(a, b regWrite) int { return cmp.Compare(a.rev, b.rev) }) {
 		c.reg = slices.Clone(c.reg)
 		slices.SortFunc(c.reg, func(a, b regWrite) int { return cmp.Compare(a.rev, b.rev) })
 	}
-	c.hbs = c.f.hbs
+	c.hbs = c.f.hbs.all()
 	if !slices.IsSortedFunc(c.hbs, func(a, b hbWrite) int { return cmp.Compare(a.rev, b.rev) }) {
 		c.hbs = slices.Clone(c.hbs)
 		slices.SortFunc(c.hbs, func(a, b hbWrite) int { return cmp.Compare(a.rev, b.rev) })
@@ -1373,12 +1378,29 @@ func (c *computation) inWindow(t int64) bool {
 }
 
 // isGap: an interval longer than 1.5 × heartbeat_timeout of the rules then.
+// It is rulesAt's answer, looked up by Unix ns from the rule last used
+// (heartbeats come in time order).
 func (c *computation) isGap(at, d int64) bool {
-	rl, ok := c.rulesAt(time.Unix(0, at))
-	if !ok || rl.HeartbeatTimeout <= 0 {
+	if len(c.rules) == 0 {
 		return false
 	}
-	return d > int64(rl.HeartbeatTimeout)*3/2
+	if len(c.gapFrom) != len(c.rules) {
+		c.gapFrom, c.gapOver, c.gapRule = make([]int64, len(c.rules)), make([]int64, len(c.rules)), 0
+		for i, rc := range c.rules {
+			c.gapFrom[i], c.gapOver[i] = rc.t.UnixNano(), -1
+			if rc.rules.HeartbeatTimeout > 0 {
+				c.gapOver[i] = int64(rc.rules.HeartbeatTimeout) * 3 / 2
+			}
+		}
+	}
+	// The rule in force: the last to take effect at or before at (the
+	// first when none did).
+	i := c.gapRule
+	if (i > 0 && at < c.gapFrom[i]) || (i+1 < len(c.gapFrom) && at >= c.gapFrom[i+1]) {
+		i = max(sort.Search(len(c.gapFrom), func(k int) bool { return c.gapFrom[k] > at })-1, 0)
+		c.gapRule = i
+	}
+	return c.gapOver[i] >= 0 && d > c.gapOver[i]
 }
 
 // longestKept is how many of the longest intervals each series keeps.

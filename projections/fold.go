@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -59,8 +58,8 @@ type Fold struct {
 	last     *streamSeen
 	subjects map[string]*subjectInfo
 
-	reg         []regWrite
-	hbs         []hbWrite
+	reg         series[regWrite]
+	hbs         series[hbWrite]
 	configs     []kvWrite
 	switchovers []kvWrite
 	markers     []kvWrite // delete and purge markers of the pair's keys
@@ -248,7 +247,7 @@ func (f *Fold) Add(rec events.Record) {
 			f.addCorrupt(rec, err)
 			return
 		}
-		f.reg = appendDoubling(f.reg, regWrite{t: t, rev: rec.Sequence, v: v})
+		f.reg.add(regWrite{t: t, rev: rec.Sequence, v: v})
 		f.counts.Register++
 	case kindHeartbeat:
 		if op != events.OpPut {
@@ -266,7 +265,7 @@ func (f *Fold) Add(rec events.Record) {
 			f.addCorrupt(rec, fmt.Errorf("heartbeat of site %q under the key of %q", f.sites[v.site], f.sites[site]))
 			return
 		}
-		f.hbs = appendDoubling(f.hbs, hbWrite{t: t, rev: rec.Sequence, beat: v.beat, site: site, phase: v.phase, ready: v.ready})
+		f.hbs.add(hbWrite{t: t, rev: rec.Sequence, beat: v.beat, site: site, phase: v.phase, ready: v.ready})
 		f.counts.Heartbeats++
 	case kindConfig, kindSwitchover, kindOtherKey:
 		w := kvWrite{t: t, rev: rec.Sequence, key: si.key, op: op, value: bytes.Clone(rec.Data)}
@@ -422,12 +421,42 @@ func (s *streamSeen) mark(seq uint64) bool {
 	return true
 }
 
-// appendDoubling appends x, doubling the capacity when full: append grows
-// large slices by a quarter, which for the millions of heartbeats of a
-// long history allocates five times the final size.
-func appendDoubling[T any](s []T, x T) []T {
-	if len(s) == cap(s) {
-		s = slices.Grow(s, max(len(s), 1024))
+// series holds the millions of writes of a long history: appended in
+// fixed-size chunks (no regrowth, no copy), made one slice when read.
+type series[T any] struct {
+	flat   []T   // what all returned last
+	chunks [][]T // full chunks added since
+	tail   []T   // the chunk being filled
+}
+
+// seriesChunk is the length of a series' chunks.
+const seriesChunk = 8192
+
+func (s *series[T]) add(x T) {
+	if len(s.tail) == cap(s.tail) {
+		if len(s.tail) > 0 {
+			s.chunks = append(s.chunks, s.tail)
+		}
+		s.tail = make([]T, 0, seriesChunk)
 	}
-	return append(s, x)
+	s.tail = append(s.tail, x)
+}
+
+// all returns every write added, in the order added. The slice is the
+// series' own until the next add: read only.
+func (s *series[T]) all() []T {
+	if len(s.chunks) == 0 && len(s.tail) == 0 {
+		return s.flat
+	}
+	n := len(s.flat) + len(s.tail)
+	for _, c := range s.chunks {
+		n += len(c)
+	}
+	flat := make([]T, 0, n)
+	flat = append(flat, s.flat...)
+	for _, c := range s.chunks {
+		flat = append(flat, c...)
+	}
+	s.flat, s.chunks, s.tail = append(flat, s.tail...), nil, nil
+	return s.flat
 }
