@@ -2,7 +2,6 @@ package projections
 
 import (
 	"bufio"
-	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -260,11 +259,7 @@ func replayFile(tb testing.TB, path string) (*Report, int) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	for {
-		rec, err := r.Next()
-		if err == io.EOF {
-			break
-		}
+	for rec, err := range events.ReadAhead(r, nil) {
 		if err != nil {
 			tb.Fatal(err)
 		}

@@ -223,11 +223,12 @@ func replayFile(path, pair string, from, to time.Time, partial bool, stderr io.W
 	}
 	prog := newProgress(stderr, "replay "+filepath.Base(path))
 	defer prog.done()
-	for {
-		rec, err := r.Next()
-		if err == io.EOF {
-			return fold.Report(), nil
+	progress := func(offset int64) {
+		if size > 0 {
+			prog.fraction(fold.Count(), float64(offset)/float64(size), "records")
 		}
+	}
+	for rec, err := range events.ReadAhead(r, progress) {
 		if err != nil {
 			var ee *events.ExportError
 			if !errors.As(err, &ee) {
@@ -242,10 +243,8 @@ func replayFile(path, pair string, from, to time.Time, partial bool, stderr io.W
 		}
 		fold.Add(rec)
 		tap(rec)
-		if fold.Count()%8192 == 0 && size > 0 {
-			prog.fraction(fold.Count(), float64(r.Offset())/float64(size), "records")
-		}
 	}
+	return fold.Report(), nil
 }
 
 // writeReport renders to path (through a temporary file renamed into
