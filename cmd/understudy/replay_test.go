@@ -166,7 +166,11 @@ func TestDemoOutReplays(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &w); err != nil {
 		t.Fatalf("what-if json: %v\n%s", err, stdout)
 	}
-	if !strings.HasPrefix(w.Schedule, "powercut(site-a)@") || w.Actual.Failovers != 1 || w.Recorded.Failovers != 1 || w.Proposed.Failovers != 1 {
+	// The pattern is the power cut, last; a loaded machine may also have
+	// delayed a heartbeat enough to show as latency before it.
+	faults := strings.Split(w.Schedule, ";")
+	if !strings.HasPrefix(faults[len(faults)-1], "powercut(site-a)@") || strings.Count(w.Schedule, "powercut") != 1 ||
+		w.Actual.Failovers != 1 || w.Recorded.Failovers != 1 || w.Proposed.Failovers != 1 {
 		t.Errorf("what-if of the demo: schedule %q, failovers actual %d, recorded %d, proposed %d", w.Schedule, w.Actual.Failovers, w.Recorded.Failovers, w.Proposed.Failovers)
 	}
 	if w.Recorded.Rules.FailureThreshold != 2 || !strings.Contains(w.Recorded.PairFile, "heartbeat_timeout: 200ms") {
