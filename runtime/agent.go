@@ -129,8 +129,8 @@ func agentRegistry(cfg AgentConfig, proc *resources.Process, logger *slog.Logger
 	}
 	lv := libvirt.NewDriverProcess(cfg.LibvirtDriver, logger)
 	hv := lv.Hypervisor(uri)
-	reg.Register(libvirt.NewVMReconciler(hv, libvirt.ForAgent(cfg.ID)))
-	reg.Register(libvirt.NewNetworkReconciler(hv, libvirt.ForAgent(cfg.ID)))
+	reg.Register(libvirt.NewVMReconciler(hv, cfg.ID))
+	reg.Register(libvirt.NewNetworkReconciler(hv, cfg.ID))
 	reg.Register(resources.NewContainer(cfg.Podman))
 	return reg, lv
 }

@@ -104,7 +104,7 @@ func TestRedefinitionRefusesWhatIsNotOurs(t *testing.T) {
 func TestRunningDomainOnNetworkHasNoPendingRestart(t *testing.T) {
 	spec := resources.Spec{"memory": "1GiB", "disks": []any{map[string]any{"path": "/w.img"}},
 		"nics": []any{map[string]any{"network": "lab", "mac": "52:54:00:10:00:01"}}}
-	r := NewVMReconciler(nil, ForAgent("n1"))
+	r := NewVMReconciler(nil, "n1")
 	s, err := r.spec("web", spec)
 	if err != nil {
 		t.Fatal(err)

@@ -89,7 +89,7 @@ func started(t testing.TB, d *DriverProcess) int {
 
 func TestDriverProcessStartsLazilyAndStops(t *testing.T) {
 	d, logs := newDriver(t, DriverConfig{Path: libvirttest.DriverBinary(t)})
-	r := NewVMReconciler(d.Hypervisor(rules.TestURI))
+	r := NewVMReconciler(d.Hypervisor(rules.TestURI), "")
 	if err := r.Validate(resources.Spec{"memory": "1GiB", "disks": []any{map[string]any{"path": "/x.img"}}}); err != nil {
 		t.Fatal(err)
 	}

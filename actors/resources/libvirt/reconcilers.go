@@ -32,28 +32,11 @@ type VMReconciler struct {
 	agent string
 }
 
-// Option configures the vm and network kinds.
-type Option func(*kindOptions)
-
-type kindOptions struct{ agent string }
-
-// ForAgent names the agent whose manifest the kind serves: its id goes
-// into the ownership marker of every domain and network the kind defines,
-// beside the resource's id. Without it the marker names no agent.
-func ForAgent(id string) Option { return func(o *kindOptions) { o.agent = id } }
-
-func options(opts []Option) kindOptions {
-	var o kindOptions
-	for _, opt := range opts {
-		opt(&o)
-	}
-	return o
-}
-
-// NewVMReconciler returns the vm kind on hv; its owner closes what hv
-// runs on.
-func NewVMReconciler(hv Hypervisor, opts ...Option) *VMReconciler {
-	return &VMReconciler{hv: hv, agent: options(opts).agent}
+// NewVMReconciler returns the vm kind on hv for the agent whose manifest
+// it serves: the agent's id goes into the ownership marker of every domain
+// it defines, beside the resource's id. hv's owner closes what it runs on.
+func NewVMReconciler(hv Hypervisor, agent string) *VMReconciler {
+	return &VMReconciler{hv: hv, agent: agent}
 }
 
 type vmSpec struct {
@@ -285,8 +268,8 @@ type NetworkReconciler struct {
 
 // NewNetworkReconciler returns the network kind on hv; its owner closes
 // what hv runs on.
-func NewNetworkReconciler(hv Hypervisor, opts ...Option) *NetworkReconciler {
-	return &NetworkReconciler{hv: hv, agent: options(opts).agent}
+func NewNetworkReconciler(hv Hypervisor, agent string) *NetworkReconciler {
+	return &NetworkReconciler{hv: hv, agent: agent}
 }
 
 type netSpec struct {

@@ -123,7 +123,7 @@ func reconcile(t *testing.T, r resources.Reconciler, id string, spec resources.S
 
 func TestVMReconcileDriftRepairDelete(t *testing.T) {
 	behind := testConn(t) // the operator's virsh, behind the agent's back
-	r := libvirt.NewVMReconciler(newTestHypervisor(t))
+	r := libvirt.NewVMReconciler(newTestHypervisor(t), "")
 	spec := vmSpecOf(nil)
 
 	if o := observe(t, r, "web", spec); o.InSync || o.Drift != "domain not defined" {
@@ -228,7 +228,7 @@ func TestVMReconcileDriftRepairDelete(t *testing.T) {
 
 func TestVMNameFromSpecOrID(t *testing.T) {
 	behind := testConn(t)
-	r := libvirt.NewVMReconciler(newTestHypervisor(t))
+	r := libvirt.NewVMReconciler(newTestHypervisor(t), "")
 	spec := vmSpecOf(map[string]any{"name": "Legacy.VM-01", "state": "shutoff"})
 	reconcile(t, r, "legacy", spec)
 	d, err := behind.LookupDomainByName("Legacy.VM-01")
@@ -243,7 +243,7 @@ func TestVMNameFromSpecOrID(t *testing.T) {
 
 func TestNetworkReconcileDriftRepairDelete(t *testing.T) {
 	behind := testConn(t)
-	r := libvirt.NewNetworkReconciler(newTestHypervisor(t))
+	r := libvirt.NewNetworkReconciler(newTestHypervisor(t), "")
 	spec := resources.Spec{"bridge": "virbr7", "ip": "10.77.0.1/24", "dhcp": map[string]any{"start": "10.77.0.100", "end": "10.77.0.199"}}
 
 	if o := observe(t, r, "lab", spec); o.Drift != "network not defined" {
@@ -294,7 +294,7 @@ func TestNetworkReconcileDriftRepairDelete(t *testing.T) {
 
 func TestNetworkBridgeForward(t *testing.T) {
 	testConn(t)
-	r := libvirt.NewNetworkReconciler(newTestHypervisor(t))
+	r := libvirt.NewNetworkReconciler(newTestHypervisor(t), "")
 	spec := resources.Spec{"forward": "bridge", "bridge": "br0"}
 	o := reconcile(t, r, "lan", spec)
 	if o.Details["forward"] != "bridge" {

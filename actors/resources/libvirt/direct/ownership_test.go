@@ -21,7 +21,7 @@ import (
 func TestVMKindLeavesForeignDomainsAlone(t *testing.T) {
 	behind := testConn(t)
 	ctx := context.Background()
-	r := libvirt.NewVMReconciler(newTestHypervisor(t), libvirt.ForAgent("n1"))
+	r := libvirt.NewVMReconciler(newTestHypervisor(t), "n1")
 	spec := vmSpecOf(map[string]any{"vcpus": 1})
 	defineRaw(t, behind, "web", mustXML(t, libvirt.NewVM("web").WithType(libvirt.DomainTest).WithVCPUs(2).WithDisk(libvirt.Disk{Path: "/operators.img"})), true)
 
@@ -68,7 +68,7 @@ func TestVMKindLeavesForeignDomainsAlone(t *testing.T) {
 	for _, other := range []struct {
 		r  *libvirt.VMReconciler
 		id string
-	}{{r, "web2"}, {libvirt.NewVMReconciler(newTestHypervisor(t), libvirt.ForAgent("n2")), "web"}} {
+	}{{r, "web2"}, {libvirt.NewVMReconciler(newTestHypervisor(t), "n2"), "web"}} {
 		s := vmSpecOf(map[string]any{"name": "web"})
 		if o := observe(t, other.r, other.id, s); !strings.Contains(o.Drift, `domain web belongs to understudy resource "web" of agent n1 (its ownership marker)`) {
 			t.Fatalf("observe by %s: %+v", other.id, o)
@@ -93,7 +93,7 @@ func TestVMKindLeavesForeignDomainsAlone(t *testing.T) {
 func TestNetworkKindLeavesForeignNetworksAlone(t *testing.T) {
 	behind := testConn(t)
 	ctx := context.Background()
-	r := libvirt.NewNetworkReconciler(newTestHypervisor(t), libvirt.ForAgent("n1"))
+	r := libvirt.NewNetworkReconciler(newTestHypervisor(t), "n1")
 	spec := resources.Spec{"ip": "10.91.0.1/24"}
 	n, err := behind.NetworkDefineXML(`<network><name>lab</name><forward mode="nat"/><ip address="10.90.0.1" prefix="24"/></network>`)
 	if err != nil {
@@ -143,7 +143,7 @@ func TestNetworkKindLeavesForeignNetworksAlone(t *testing.T) {
 // through.
 func TestNetworkRedefinitionRefusedRestoresTheOld(t *testing.T) {
 	behind := testConn(t)
-	r := libvirt.NewNetworkReconciler(newTestHypervisor(t))
+	r := libvirt.NewNetworkReconciler(newTestHypervisor(t), "")
 	spec := resources.Spec{"bridge": "virbr92", "ip": "10.92.0.1/24"}
 	first := reconcile(t, r, "lab", spec)
 
