@@ -35,15 +35,11 @@ type DestroyDriver struct{ Connector Connector }
 
 // Run implements procedure.Driver.
 func (d DestroyDriver) Run(ctx context.Context, step procedure.StepSpec) procedure.Outcome {
-	spec := step.Libvirt
-	if spec == nil {
-		return failed("step has no libvirt fields")
+	spec, hv, uri, bad := fresh(d.Connector, step)
+	if bad != nil {
+		return *bad
 	}
-	if d.Connector == nil {
-		return failed("libvirt fence driver without a connector (a wiring mistake)")
-	}
-	uri := spec.ConnURI()
-	was, err := d.Connector.Fresh(uri).Destroy(ctx, spec.Domain)
+	was, err := hv.Destroy(ctx, spec.Domain)
 	if err != nil {
 		return outcomeOf(ctx, uri, err)
 	}
@@ -65,16 +61,12 @@ type LinkDownDriver struct{ Connector Connector }
 
 // Run implements procedure.Driver.
 func (d LinkDownDriver) Run(ctx context.Context, step procedure.StepSpec) procedure.Outcome {
-	spec := step.Libvirt
-	if spec == nil {
-		return failed("step has no libvirt fields")
+	spec, hv, uri, bad := fresh(d.Connector, step)
+	if bad != nil {
+		return *bad
 	}
-	if d.Connector == nil {
-		return failed("libvirt fence driver without a connector (a wiring mistake)")
-	}
-	uri := spec.ConnURI()
 	ref := NICRef{MAC: spec.MAC, Target: spec.Interface}
-	res, err := d.Connector.Fresh(uri).SetLink(ctx, spec.Domain, ref, false)
+	res, err := hv.SetLink(ctx, spec.Domain, ref, false)
 	if err != nil {
 		return outcomeOf(ctx, uri, err)
 	}
@@ -107,4 +99,20 @@ func outcomeOf(ctx context.Context, uri string, err error) procedure.Outcome {
 		msg = "libvirt " + uri + ": " + msg
 	}
 	return failed(msg)
+}
+
+// fresh checks a step's libvirt fields and opens the connection of its run
+// (Connector.Fresh); bad is the step's outcome when it cannot run.
+func fresh(c Connector, step procedure.StepSpec) (spec *procedure.LibvirtSpec, hv Hypervisor, uri string, bad *procedure.Outcome) {
+	spec = step.Libvirt
+	if spec == nil {
+		o := failed("step has no libvirt fields")
+		return nil, nil, "", &o
+	}
+	if c == nil {
+		o := failed("libvirt fence driver without a connector (a wiring mistake)")
+		return nil, nil, "", &o
+	}
+	uri = spec.ConnURI()
+	return spec, c.Fresh(uri), uri, nil
 }
