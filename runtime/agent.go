@@ -34,7 +34,7 @@ type AgentConfig struct {
 	// load); rules.DefaultURI (qemu:///system) when empty.
 	LibvirtURI string
 	// LibvirtDriver is the understudy-libvirt process those kinds' calls
-	// run in (node file: agent.libvirt_driver): the zero value finds it
+	// run in (node file: libvirt.driver): the zero value finds it
 	// next to this executable, else in PATH. The agent starts it on the
 	// kinds' first call and stops it when it stops.
 	LibvirtDriver libvirt.DriverConfig
