@@ -166,10 +166,8 @@ func (a *appender) run() {
 			if err != nil {
 				return err
 			}
-			if ack.Duplicate && ack.Sequence != last+1 {
-				// Our id, but at another position: never expected; refuse
-				// to take it for this event's append.
-				return fmt.Errorf("%w: message id %s already stored at sequence %d", events.ErrConflict, opts.MsgID, ack.Sequence)
+			if err := events.AppendAckConflict(last, opts.MsgID, ack); err != nil {
+				return err
 			}
 			a.mu.Lock()
 			a.lastSeq = ack.Sequence

@@ -319,11 +319,10 @@ func (a *memberActor) write(w failover.Write) {
 	if a.ctx.Err() != nil {
 		return
 	}
-	res := failover.WriteResult{Op: w.Op, Err: failover.WriteOK, Revision: rev}
-	switch {
-	case err == nil:
-	case errors.Is(err, events.ErrConflict):
-		res.Err = failover.WriteConflict
+	res := failover.WriteResult{Op: w.Op, Err: failover.WriteErrOf(err), Revision: rev}
+	switch res.Err {
+	case failover.WriteOK:
+	case failover.WriteConflict:
 		if w.Key == failover.LeaderKey(a.cfg.Rules.Pair) {
 			// Tell the member who holds the register, so it can tell its own
 			// late write from a rival's.
@@ -336,7 +335,7 @@ func (a *memberActor) write(w failover.Write) {
 			gcancel()
 		}
 	default:
-		res.Err, res.Cause = failover.WriteUnavailable, err.Error()
+		res.Cause = err.Error()
 	}
 	a.engine.Send(a.pid, memberInput{res})
 }

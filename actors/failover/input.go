@@ -1,6 +1,11 @@
 package failover
 
-import "time"
+import (
+	"errors"
+	"time"
+
+	"understudy/events"
+)
 
 // Input is something the host tells a member. Every input is handed to
 // Member.Step together with the local monotonic time at which it arrived.
@@ -37,6 +42,20 @@ func (e WriteErr) String() string {
 		return "unavailable"
 	}
 	return "unset"
+}
+
+// WriteErrOf classifies the error of a KV write as the member must see it:
+// nil is WriteOK, a lost compare-and-set (events.ErrConflict) is
+// WriteConflict, anything else WriteUnavailable. The runtime and the
+// simulator both classify through it.
+func WriteErrOf(err error) WriteErr {
+	switch {
+	case err == nil:
+		return WriteOK
+	case errors.Is(err, events.ErrConflict):
+		return WriteConflict
+	}
+	return WriteUnavailable
 }
 
 // WriteResult answers a Write of a Ready.

@@ -1,0 +1,29 @@
+package events
+
+import (
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// AppendAckConflict judges the answer to a conditional append that an
+// appender sent expecting the subject's last sequence to be last, with a
+// message id of its own. It returns an error wrapping ErrConflict when the
+// answer proves that another process appends to the subject, nil when the
+// append is this appender's own record. The runtime's appender and the
+// simulator's model of it both decide through it, so the simulator finds
+// what this rule gets wrong.
+func AppendAckConflict(last uint64, msgID string, ack Ack) error {
+	if ack.Duplicate && ack.Sequence != last+1 {
+		return fmt.Errorf("%w: message id %s already stored at sequence %d", ErrConflict, msgID, ack.Sequence)
+	}
+	return nil
+}
+
+// APIError is the error a JetStream server answers with numeric error code
+// code, mapped to the events identities as every JetStream call here maps
+// it (ErrConflict, ErrNotFound, ...). The simulator's server answers
+// through it, so a simulated refusal is classified exactly as a real one.
+func APIError(code int, description string) error {
+	return mapJetStreamError(&jetstream.APIError{Code: 400, ErrorCode: jetstream.ErrorCode(code), Description: description})
+}
