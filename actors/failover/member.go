@@ -146,6 +146,7 @@ type Member struct {
 	prefCount    int
 	prefLast     time.Time
 	memberOK     int           // consecutive own heartbeats acknowledged in time
+	memberAckRev uint64        // revision of the latest own heartbeat acknowledged in time
 	checkSeq     uint64        // last check requested (its own sequence: checks are not durable)
 	checkWait    bool          // a check is running
 	checkDue     time.Duration // local time of the next check
@@ -156,6 +157,7 @@ type Member struct {
 	peerSeenAt   time.Duration // local time it was observed
 	fencedSince  time.Time     // server time of the first write of the current fenced run of the holder
 	fencedSeenAt time.Duration
+	unfencedRun  int // consecutive unfenced writes of the holder in its term since fencedSince
 	probedFor    uint64 // leader revision a staleness probe was written for
 	fenceFailed  bool
 	fenceRetryAt time.Duration
@@ -444,14 +446,14 @@ func (m *Member) writeRegister() {
 		m.beat++
 	}
 	w.Op, w.Value, w.Deadline = m.nextOp(), EncodeLeader(w.Leader), m.now+m.rules.HeartbeatTimeout
-	m.inflight = &pendingWrite{op: w.Op, kind: w.Kind, deadline: w.Deadline, leader: w.Leader}
+	m.inflight = &pendingWrite{op: w.Op, kind: w.Kind, deadline: w.Deadline, leader: w.Leader, expect: w.ExpectRev}
 	m.nextBeatAt = m.advance(m.nextBeatAt)
 	m.out.Writes = append(m.out.Writes, w)
 }
 
 func (m *Member) writeMemberBeat() {
 	m.memberBeat++
-	ready := m.phase == PhaseFollower && m.memberOK >= m.rules.SuccessThreshold && !m.checkHold
+	ready := m.phase == PhaseFollower && m.memberOK >= m.rules.SuccessThreshold && !m.checkHold && m.watchCaughtUp()
 	hb := Heartbeat{Site: m.site, Beat: m.memberBeat, Phase: m.phase, Ready: ready, RulesRev: m.appliedRev, RejectedRev: m.rejectedRev}
 	w := Write{Op: m.nextOp(), Kind: WriteMemberBeat, Key: HeartbeatKey(m.rules.Pair, m.site), Put: true,
 		Beat: hb, Value: EncodeHeartbeat(hb), Deadline: m.now + m.rules.HeartbeatTimeout}
@@ -474,6 +476,15 @@ func (m *Member) acquire(reason AcquireReason, expect uint64, stale time.Duratio
 		Value: EncodeLeader(l), ExpectRev: expect, Deadline: m.now + m.rules.HeartbeatTimeout}
 	m.inflight = &pendingWrite{op: w.Op, kind: w.Kind, deadline: w.Deadline, leader: l, expect: expect}
 	m.out.Writes = append(m.out.Writes, w)
+}
+
+// watchCaughtUp reports whether the watch has delivered this member's
+// latest acknowledged heartbeat. Acknowledged puts say the way to NATS
+// works; a handoff reaches the member only through its watch, which can
+// lag seconds behind after a partition. A member whose watch lags would
+// not see a handoff in time, and the register would stand vacant.
+func (m *Member) watchCaughtUp() bool {
+	return m.synced && m.memberAckRev != 0 && m.ownBeatRev >= m.memberAckRev
 }
 
 // maybeAcquire is the watchdog: promotion only when the leader's last write
@@ -519,8 +530,11 @@ func (m *Member) maybeAcquire() {
 		m.probedFor = m.leader.Rev
 		m.writeMemberBeat()
 	}
-	// A holder that keeps writing but stays fenced is as good as gone.
-	if !m.fencedSince.IsZero() {
+	// A holder that keeps writing but stays fenced is as good as gone. Its
+	// latest write must say fenced: the CAS then expects a revision written
+	// while the holder did not serve, and the holder can serve again only
+	// by a later, unfenced write, which would make the CAS fail.
+	if v.Fenced && !m.fencedSince.IsZero() {
 		fencedFor := m.ownBeatTime.Sub(m.fencedSince)
 		if fencedFor > fo && m.now-m.fencedSeenAt > fo {
 			m.acquire(AcquireStale, m.leader.Rev, fencedFor)
@@ -566,6 +580,7 @@ func (m *Member) onWriteResult(r WriteResult) {
 		m.memberOp = 0
 		if r.Err == WriteOK {
 			m.memberOK++
+			m.memberAckRev = max(m.memberAckRev, r.Revision)
 		} else {
 			m.memberOK = 0
 		}
@@ -611,9 +626,20 @@ func (m *Member) onLeaderWriteAnswered(w pendingWrite, r WriteResult) {
 			m.onBeatSuccess(w.leader.Fenced)
 		case WriteConflict:
 			if r.Current != nil && m.mine(r.Current.Value) {
+				if r.Current.Rev <= w.expect {
+					// The register read back is not newer than the revision
+					// this write expected, yet the CAS failed: a stale read
+					// (a cut-off stream leader answers with what it had). It
+					// proves nothing; writing again at once could loop, so it
+					// counts as a failed write.
+					m.onLeaderWriteFailed(w, fmt.Sprintf("conflict, but the register read back (rev %d) is not newer than the revision the write expected (rev %d): stale read", r.Current.Rev, w.expect))
+					return
+				}
 				// Our own earlier write landed late and moved the revision.
 				// NATS answered in time, so this is neither failure nor
-				// success: adopt the revision and write again at once.
+				// success: adopt the revision and write again at once (at
+				// most once per landed write of ours: the revision only
+				// grows).
 				m.lastRev = max(m.lastRev, r.Current.Rev)
 				m.nextBeatAt = m.now
 				return
@@ -648,7 +674,7 @@ func (m *Member) onLeaderWriteAnswered(w pendingWrite, r WriteResult) {
 		case WriteConflict:
 			if r.Current != nil && m.mine(r.Current.Value) {
 				m.lastRev = max(m.lastRev, r.Current.Rev)
-				return // our own late heartbeat landed; retry the release next beat
+				return // our own late heartbeat landed (or a stale read); retry the release next beat
 			}
 			m.lose(r.Current)
 		}
@@ -723,11 +749,31 @@ func (m *Member) observeLeader(e LeaderEntry) bool {
 		return false
 	}
 	prev := m.leader.Value
+	sameHolder := m.leaderKnown && prev.Site == e.Value.Site && prev.Term == e.Value.Term && e.Value.Site != ""
 	switch {
-	case !e.Value.Fenced:
-		m.fencedSince, m.fencedSeenAt = time.Time{}, 0
-	case m.fencedSince.IsZero() || prev.Site != e.Value.Site || prev.Term != e.Value.Term || !prev.Fenced:
-		m.fencedSince, m.fencedSeenAt = e.Time, m.now
+	case !sameHolder:
+		// A new holder (or term) starts a new run.
+		m.fencedSince, m.fencedSeenAt, m.unfencedRun = time.Time{}, 0, 0
+		if e.Value.Fenced {
+			m.fencedSince, m.fencedSeenAt = e.Time, m.now
+		}
+	case e.Value.Fenced:
+		m.unfencedRun = 0
+		if m.fencedSince.IsZero() {
+			m.fencedSince, m.fencedSeenAt = e.Time, m.now
+		}
+	default:
+		// An unfenced write ends the run only once the holder has written
+		// unfenced success_threshold times in a row: a suspended holder
+		// announces its unfencing with one unfenced write, and when the
+		// answer to that write comes late it stays fenced and writes fenced
+		// again. Counting such announcements as recoveries would restart
+		// the clock at every one, and a holder on a bad link would keep the
+		// pair without a primary for as long as the link stays bad.
+		m.unfencedRun++
+		if m.unfencedRun >= m.rules.SuccessThreshold {
+			m.fencedSince, m.fencedSeenAt = time.Time{}, 0
+		}
 	}
 	m.leader, m.leaderKnown, m.leaderSeenAt = e, true, m.now
 	return true

@@ -110,7 +110,16 @@ func TestTranscripts(t *testing.T) {
 					n.dropUp = s == "up" || s == "both"
 					n.dropDown = s == "down" || s == "both"
 				}
-				w.logf(n.site, "link up=%v down=%v drop-up=%v drop-down=%v", n.up, n.down, n.dropUp, n.dropDown)
+				n.watchLag = dur("watch", n.watchLag)
+				n.lateEvery, n.lateBy = num("lateevery", n.lateEvery), dur("late", n.lateBy)
+				extra := ""
+				if n.watchLag > 0 {
+					extra += fmt.Sprintf(" watch-lag=%v", n.watchLag)
+				}
+				if n.lateEvery > 0 {
+					extra += fmt.Sprintf(" every %d answers one is %v late", n.lateEvery, n.lateBy)
+				}
+				w.logf(n.site, "link up=%v down=%v drop-up=%v drop-down=%v%s", n.up, n.down, n.dropUp, n.dropDown, extra)
 			case "shutdown":
 				n := site()
 				w.logf(n.site, "host stopping: shutdown requested")

@@ -55,6 +55,15 @@ type node struct {
 	dropDown    bool
 	lastUp      time.Duration
 	lastDown    time.Duration
+	// watchLag delays what the watch delivers (not write answers): an
+	// ordered consumer catching up after a partition.
+	watchLag  time.Duration
+	lastWatch time.Duration
+	// Every lateEvery-th write answer comes lateBy later than the link's
+	// latency (a lossy link retransmitting), the others on time.
+	lateEvery int
+	lateBy    time.Duration
+	answers   int
 	serving     bool
 	procs       map[ProcKind]procBehaviour
 }
@@ -128,6 +137,17 @@ func (w *world) deliverEntry(n *node, key string, e kvEntry) {
 	}
 	in := w.inputFor(key, e)
 	if in == nil {
+		return
+	}
+	if n.watchLag > 0 {
+		at := max(w.now+n.down+n.watchLag, n.lastWatch)
+		n.lastWatch = at
+		inc := n.incarnation
+		w.at(at, func() {
+			if n.alive && n.incarnation == inc {
+				w.step(n, in)
+			}
+		})
 		return
 	}
 	w.down(n, in)
@@ -255,6 +275,7 @@ func (w *world) send(n *node, wr Write) {
 func (w *world) apply(n *node, wr Write) {
 	cur, exists := w.kv[wr.Key]
 	res := WriteResult{Op: wr.Op}
+
 	switch {
 	case wr.Put, exists && cur.rev == wr.ExpectRev && wr.ExpectRev != 0, !exists && wr.ExpectRev == 0:
 		e := w.put(wr.Key, wr.Value)
@@ -266,9 +287,20 @@ func (w *world) apply(n *node, wr Write) {
 			res.Current = &LeaderEntry{Rev: cur.rev, Time: cur.at, Value: l}
 		}
 	}
-	if n.alive && !n.dropDown {
-		w.down(n, res)
+	if !n.alive || n.dropDown {
+		return
 	}
+	n.answers++
+	if n.lateEvery > 0 && n.answers%n.lateEvery == 0 {
+		inc := n.incarnation
+		w.at(w.now+n.down+n.lateBy, func() {
+			if n.alive && n.incarnation == inc {
+				w.step(n, res)
+			}
+		})
+		return
+	}
+	w.down(n, res)
 }
 
 func (w *world) runProc(n *node, p Procedure) {
