@@ -157,7 +157,7 @@ type Member struct {
 	peerSeenAt   time.Duration // local time it was observed
 	fencedSince  time.Time     // server time of the first write of the current fenced run of the holder
 	fencedSeenAt time.Duration
-	unfencedRun  int // consecutive unfenced writes of the holder in its term since fencedSince
+	unfencedRun  int    // consecutive unfenced writes of the holder in its term since fencedSince
 	probedFor    uint64 // leader revision a staleness probe was written for
 	fenceFailed  bool
 	fenceRetryAt time.Duration

@@ -64,8 +64,8 @@ type node struct {
 	lateEvery int
 	lateBy    time.Duration
 	answers   int
-	serving     bool
-	procs       map[ProcKind]procBehaviour
+	serving   bool
+	procs     map[ProcKind]procBehaviour
 }
 
 var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
