@@ -646,18 +646,19 @@ func TestMemberRestartReplaysAndServesAgain(t *testing.T) {
 }
 
 // A serving member that finds another process writing its event subject
-// (a zombie or a twin) fences its resource before it stops, and then
-// writes nothing more.
-func TestConflictingMemberFencesBeforeStopping(t *testing.T) {
+// (a zombie or a twin) fences its resource before it stops; its node
+// reports it stopped (health, event on the host subject), and restarts it
+// after a backoff, fenced: it reads the subject afresh and serves again.
+func TestConflictingMemberFencesStopsAndIsRestarted(t *testing.T) {
 	t.Parallel()
 	fn := startFailoverNATS(t)
 	r := fastRules(t, "twin-member")
 	rec := &stepRecorder{}
 	tr := newTransitions()
-	hostMember(t, "nats://"+fn.addr, fn, r, r.Primary, procedure.Drivers{"exec": rec}, tr, nil)
+	sh := hostMember(t, "nats://"+fn.addr, fn, r, r.Primary, procedure.Drivers{"exec": rec}, tr, nil)
 	tr.waitFor(t, r.Primary, "failover.serving_started", 1, 5*time.Second)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	// The twin appends to the member's subject; the member's next append
 	// (the config change below makes one) then conflicts.
@@ -674,19 +675,42 @@ func TestConflictingMemberFencesBeforeStopping(t *testing.T) {
 	if fence.at.Sub(triggered) > 2*time.Second {
 		t.Errorf("fenced %v after the conflict", fence.at.Sub(triggered))
 	}
-	// Stopped: the register stops moving.
-	time.Sleep(3 * r.HeartbeatTimeout)
-	before, err := fn.kv.Get(ctx, failover.LeaderKey(r.Pair))
-	if err != nil {
-		t.Fatal(err)
+	var stopped MemberState
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if m := sh.host.Members(); len(m) == 1 && !m[0].Running {
+			stopped = m[0]
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the member was not reported stopped: %+v", sh.host.Members())
+		}
 	}
-	time.Sleep(5 * r.HeartbeatTimeout)
-	after, err := fn.kv.Get(ctx, failover.LeaderKey(r.Pair))
-	if err != nil {
-		t.Fatal(err)
+	if stopped.Stops != 1 || !strings.Contains(stopped.Reason, "another process appends") || stopped.RestartAt.Sub(stopped.Since) != memberRestartMin {
+		t.Errorf("stopped member reported as %+v", stopped)
 	}
-	if after.Revision != before.Revision {
-		t.Errorf("the register moved from revision %d to %d after the member stopped", before.Revision, after.Revision)
+	// The stop is an event of its own, on the host subject.
+	var recorded *failover.MemberStopped
+	for deadline := time.Now().Add(5 * time.Second); recorded == nil; time.Sleep(20 * time.Millisecond) {
+		for _, le := range readSubject(t, fn, failover.HostSubject(r.Pair, r.Primary)) {
+			if ms, ok := le.ev.(*failover.MemberStopped); ok {
+				recorded = ms
+			}
+		}
+		if recorded == nil && time.Now().After(deadline) {
+			t.Fatal("no failover.member_stopped on the host subject")
+		}
+	}
+	if recorded.Stops != 1 || recorded.RestartIn != memberRestartMin || recorded.Reason != stopped.Reason {
+		t.Errorf("recorded %+v, reported %+v", recorded, stopped)
+	}
+	// Restarted, fenced first (a second fence after the conflict fence),
+	// and serving again in the same term.
+	tr.waitFor(t, r.Primary, "failover.serving_started", 2, 10*time.Second)
+	if m := sh.host.Members(); !m[0].Running || m[0].Stops != 1 {
+		t.Errorf("after the restart: %+v", m)
+	}
+	if fences := rec.since("fence", triggered); len(fences) < 2 {
+		t.Errorf("fence steps since the conflict: %d, want the conflict fence and the restart fence", len(fences))
 	}
 }
 

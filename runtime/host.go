@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"sync"
+	"time"
 
 	"github.com/anthdm/hollywood/actor"
 	"github.com/nats-io/nats.go/jetstream"
@@ -53,13 +55,141 @@ type HostOptions struct {
 	Metrics       *MemberMetrics   // see MemberDeps.Metrics
 }
 
-// Host runs pair members as hollywood actors on one NATS connection.
+// Host runs pair members as hollywood actors on one NATS connection, and
+// restarts a member that stops for good while the node runs on (it comes
+// up fenced, as every start does), after a backoff.
 type Host struct {
 	engine  *actor.Engine
-	pids    []*actor.PID
 	libvirt *libvirt.DriverProcess // the libvirt steps'; nil when HostOptions.Drivers were given
 	Log     events.Log
 	KV      events.KV
+	logger  *slog.Logger
+	metrics *MemberMetrics
+
+	mu       sync.Mutex
+	slots    []*memberSlot
+	stopping bool
+}
+
+// Restart backoff of a stopped member: doubles from memberRestartMin to
+// memberRestartMax, and starts over once a member has run for
+// memberStableAfter.
+const (
+	memberRestartMin  = time.Second
+	memberRestartMax  = time.Minute
+	memberStableAfter = 5 * time.Minute
+)
+
+// memberSlot is one hosted member: its current actor and what stopped it.
+type memberSlot struct {
+	cfg     MemberConfig
+	deps    MemberDeps
+	pid     *actor.PID
+	gen     int
+	started time.Time
+	// While stopped: why, since when, and when it restarts.
+	stopped   bool
+	reason    string
+	since     time.Time
+	restartAt time.Time
+	stops     int
+	backoff   time.Duration
+	timer     *time.Timer
+}
+
+// MemberState is what the node's health check reports of one member.
+type MemberState struct {
+	Pair    string `json:"pair"`
+	Site    string `json:"site"`
+	Running bool   `json:"running"`
+	Stops   int    `json:"stops"` // since the node started
+	// With Running false: why it stopped, since when, and when it restarts.
+	Reason    string    `json:"reason,omitempty"`
+	Since     time.Time `json:"since,omitzero"`
+	RestartAt time.Time `json:"restart_at,omitzero"`
+}
+
+// Members reports every hosted member's state, in configuration order.
+func (h *Host) Members() []MemberState {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]MemberState, 0, len(h.slots))
+	for _, sl := range h.slots {
+		st := MemberState{Pair: sl.cfg.Rules.Pair, Site: sl.cfg.Site, Running: !sl.stopped, Stops: sl.stops}
+		if sl.stopped {
+			st.Reason, st.Since, st.RestartAt = sl.reason, sl.since, sl.restartAt
+		}
+		out = append(out, st)
+	}
+	return out
+}
+
+// spawn starts slot's member actor. h.mu is held.
+func (h *Host) spawn(sl *memberSlot) {
+	sl.gen++
+	gen := sl.gen
+	deps := sl.deps
+	deps.OnStop = func(reason string) { h.memberStopped(sl, gen, reason) }
+	id := sl.cfg.Rules.Pair + "." + sl.cfg.Site
+	if gen > 1 {
+		id = fmt.Sprintf("%s.%d", id, gen)
+	}
+	sl.pid = h.engine.Spawn(NewMemberActor(sl.cfg, deps), "member", actor.WithID(id))
+	sl.started, sl.stopped = time.Now(), false
+}
+
+// memberStopped records that generation gen of slot's member stopped for
+// good: in the log, the metrics and the event stream (HostSubject), and
+// restarts it after the backoff.
+func (h *Host) memberStopped(sl *memberSlot, gen int, reason string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if sl.gen != gen || sl.stopped || h.stopping {
+		return
+	}
+	now := time.Now()
+	switch {
+	case sl.backoff == 0 || now.Sub(sl.started) >= memberStableAfter:
+		sl.backoff = memberRestartMin
+	default:
+		sl.backoff = min(2*sl.backoff, memberRestartMax)
+	}
+	sl.stopped, sl.reason, sl.since, sl.restartAt = true, reason, now, now.Add(sl.backoff)
+	sl.stops++
+	pair, site := sl.cfg.Rules.Pair, sl.cfg.Site
+	h.logger.Error("member stopped; the node restarts it, fenced", "pair", pair, "site", site,
+		"reason", reason, "stops", sl.stops, "restart_in", sl.backoff)
+	h.metrics.stopped(pair, site)
+	ev := &failover.MemberStopped{Reason: reason, Stops: sl.stops, RestartIn: sl.backoff}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := h.Log.Append(ctx, failover.HostSubject(pair, site), ev, events.AppendOptions{}); err != nil {
+			h.logger.Warn("member stop not recorded in the event stream", "pair", pair, "site", site, "err", err)
+		}
+	}()
+	sl.timer = time.AfterFunc(sl.backoff, func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if h.stopping || sl.gen != gen || !sl.stopped {
+			return
+		}
+		h.logger.Info("member restarts", "pair", pair, "site", site, "after", sl.backoff)
+		h.spawn(sl)
+	})
+}
+
+// pids returns the running members' actors.
+func (h *Host) pids() []*actor.PID {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []*actor.PID
+	for _, sl := range h.slots {
+		if !sl.stopped {
+			out = append(out, sl.pid)
+		}
+	}
+	return out
 }
 
 // StartHost spawns one member actor per entry of members. The stream and
@@ -81,16 +211,18 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 	if err != nil {
 		return nil, fmt.Errorf("runtime: actor engine: %w", err)
 	}
-	h := &Host{engine: engine, Log: evlog, KV: kv}
+	h := &Host{engine: engine, Log: evlog, KV: kv, logger: logger, metrics: opts.Metrics}
 	drivers := opts.Drivers
 	if drivers == nil {
 		h.libvirt = libvirt.NewDriverProcess(opts.LibvirtDriver, logger)
 		drivers = DefaultDrivers(h.libvirt)
 	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	for _, mc := range members {
-		deps := MemberDeps{Log: evlog, KV: kv, Drivers: drivers, Logger: logger, Observe: opts.Observe, Metrics: opts.Metrics}
-		pid := engine.Spawn(NewMemberActor(mc, deps), "member", actor.WithID(mc.Rules.Pair+"."+mc.Site))
-		h.pids = append(h.pids, pid)
+		sl := &memberSlot{cfg: mc, deps: MemberDeps{Log: evlog, KV: kv, Drivers: drivers, Logger: logger, Observe: opts.Observe, Metrics: opts.Metrics}}
+		h.slots = append(h.slots, sl)
+		h.spawn(sl)
 		logger.Info("member started", "pair", mc.Rules.Pair, "site", mc.Site)
 	}
 	return h, nil
@@ -101,7 +233,7 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 // or ctx ends, then stops them all.
 func (h *Host) Shutdown(ctx context.Context) {
 	var waits []<-chan struct{}
-	for _, pid := range h.pids {
+	for _, pid := range h.pids() {
 		done := make(chan struct{})
 		h.engine.Send(pid, memberShutdown{done: done})
 		waits = append(waits, done)
@@ -123,8 +255,16 @@ func (h *Host) Stop(ctx context.Context) {
 	if h.libvirt != nil {
 		defer h.libvirt.Close()
 	}
+	h.mu.Lock()
+	h.stopping = true
+	for _, sl := range h.slots {
+		if sl.timer != nil {
+			sl.timer.Stop()
+		}
+	}
+	h.mu.Unlock()
 	var waits []context.Context
-	for _, pid := range h.pids {
+	for _, pid := range h.pids() {
 		waits = append(waits, h.engine.Poison(pid))
 	}
 	for _, w := range waits {

@@ -42,6 +42,9 @@ type MemberDeps struct {
 	Observe func(Transition)
 	// Metrics, when set, get the member's phase, term, failures and events.
 	Metrics *MemberMetrics
+	// OnStop, when set, is told once why the member stops for good while
+	// the node runs on (its host restarts it). It must not block.
+	OnStop func(reason string)
 }
 
 // Messages of the member actor.
@@ -79,6 +82,20 @@ type memberActor struct {
 	// handedOver is closed once the member no longer holds the register
 	// after a shutdown request.
 	handedOver chan struct{}
+	stopReason string
+	stopOnce   bool
+}
+
+// stop ends the member for good (its host may start a new one) and tells
+// the host why, once.
+func (a *memberActor) stop(c *actor.Context, reason string) {
+	if !a.stopOnce {
+		a.stopOnce = true
+		if a.deps.OnStop != nil {
+			a.deps.OnStop(reason)
+		}
+	}
+	c.Engine().Poison(c.PID())
 }
 
 // NewMemberActor returns the producer of a member actor for cfg.
@@ -109,7 +126,7 @@ func (a *memberActor) Receive(c *actor.Context) {
 	case procDone:
 		if msg.res.Seq == conflictFenceSeq && msg.res.Kind == procedure.ChainFence {
 			a.log.Warn("conflict fence finished; member stops", "ok", msg.res.OK, "detail", msg.res.Detail)
-			c.Engine().Poison(c.PID())
+			a.stop(c, a.stopReason)
 			return
 		}
 		a.step(failover.ProcedureResult{Kind: failover.ProcKind(msg.res.Kind), Seq: msg.res.Seq, OK: msg.res.OK, Detail: msg.res.Detail})
@@ -117,7 +134,7 @@ func (a *memberActor) Receive(c *actor.Context) {
 		a.onConflict(c, msg.err)
 	case conflictFenceDone:
 		a.log.Error("conflict fence did not finish within the fence chain's worst case; member stops")
-		c.Engine().Poison(c.PID())
+		a.stop(c, a.stopReason+" (its fence did not finish in time)")
 	case memberShutdown:
 		a.handedOver = msg.done
 		a.step(failover.Shutdown{})
@@ -134,7 +151,7 @@ func (a *memberActor) started(c *actor.Context) {
 	m, err := failover.NewMember(a.cfg.Site, a.cfg.Rules, opts)
 	if err != nil {
 		a.log.Error("member refused its rules", "err", err)
-		c.Engine().Poison(c.PID())
+		a.stop(c, "refused its rules: "+err.Error())
 		return
 	}
 	a.m = m
@@ -195,6 +212,7 @@ func (a *memberActor) onConflict(c *actor.Context, err error) {
 		return
 	}
 	a.conflicted = true
+	a.stopReason = "another process appends to its event subject: " + err.Error()
 	if a.cancel != nil {
 		a.cancel() // ends the KV watch: no more inputs
 	}
@@ -203,7 +221,7 @@ func (a *memberActor) onConflict(c *actor.Context, err error) {
 	}
 	if a.m == nil || !(a.m.Serving() || a.m.Holding()) {
 		a.log.Error("member stops: its event subject is written by another process", "err", err)
-		c.Engine().Poison(c.PID())
+		a.stop(c, a.stopReason)
 		return
 	}
 	wait := a.cfg.Procedures.Fence.WorstCase() + time.Second

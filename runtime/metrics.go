@@ -73,6 +73,7 @@ type MemberMetrics struct {
 	phase    *prometheus.GaugeVec
 	failures *prometheus.GaugeVec
 	events   *prometheus.CounterVec
+	stops    *prometheus.CounterVec
 }
 
 // NewMemberMetrics registers the member metrics in reg.
@@ -98,8 +99,12 @@ func NewMemberMetrics(reg prometheus.Registerer) *MemberMetrics {
 			Name: "understudy_member_events_total",
 			Help: "Events the member recorded, by type.",
 		}, []string{"pair", "site", "type"}),
+		stops: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "understudy_member_stops_total",
+			Help: "Times the member stopped for good while its node ran on (the node restarts it, fenced).",
+		}, []string{"pair", "site"}),
 	}
-	reg.MustRegister(m.serving, m.term, m.phase, m.failures, m.events)
+	reg.MustRegister(m.serving, m.term, m.phase, m.failures, m.events, m.stops)
 	return m
 }
 
@@ -124,5 +129,19 @@ func (m *MemberMetrics) observe(pair, site string, mem *failover.Member, evs []e
 	}
 	for _, ev := range evs {
 		m.events.WithLabelValues(pair, site, ev.EventType()).Inc()
+	}
+}
+
+// stopped records a member that stopped: it serves no more and is in no
+// phase until it restarts.
+func (m *MemberMetrics) stopped(pair, site string) {
+	if m == nil {
+		return
+	}
+	m.stops.WithLabelValues(pair, site).Inc()
+	m.serving.WithLabelValues(pair, site).Set(0)
+	m.failures.WithLabelValues(pair, site).Set(0)
+	for _, p := range failover.Phases() {
+		m.phase.WithLabelValues(pair, site, p.String()).Set(0)
 	}
 }

@@ -93,6 +93,7 @@ type node struct {
 	embedded    *EmbeddedNATS // nil with an external NATS
 	nc          atomic.Pointer[nats.Conn]
 	provisioned atomic.Bool
+	host        atomic.Pointer[Host] // the failover members, once started
 }
 
 func (n *node) connected() bool {
@@ -154,6 +155,7 @@ func (n *node) run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("runtime: members: %w", err)
 		}
+		n.host.Store(host)
 	}
 	if s.agent != nil {
 		ag, err := StartAgent(ctx, nc, s.fleetBucket, s.eventsStream, *s.agent, n.log)
@@ -260,10 +262,16 @@ type Health struct {
 	NATSConnected bool   `json:"nats_connected"`
 	JetStream     bool   `json:"jetstream"` // JetStream answered just now
 	Provisioned   bool   `json:"provisioned"`
+	// Members are the node's failover members; one that stopped makes the
+	// node unavailable until it runs again.
+	Members []MemberState `json:"members,omitempty"`
+	// Reasons say why the status is not ok, one line each.
+	Reasons []string `json:"reasons,omitempty"`
 }
 
-// healthz answers 200 when NATS is connected, JetStream answers and the
-// assets are provisioned, else 503; the body is a Health either way.
+// healthz answers 200 when NATS is connected, JetStream answers, the
+// assets are provisioned and every failover member runs, else 503 with the
+// reasons; the body is a Health either way.
 func (n *node) healthz(w http.ResponseWriter, r *http.Request) {
 	h := Health{Status: "unavailable", Provisioned: n.provisioned.Load()}
 	if nc := n.nc.Load(); nc != nil && nc.IsConnected() {
@@ -275,8 +283,26 @@ func (n *node) healthz(w http.ResponseWriter, r *http.Request) {
 			h.JetStream = err == nil
 		}
 	}
+	switch {
+	case !h.NATSConnected:
+		h.Reasons = append(h.Reasons, "nats: not connected")
+	case !h.JetStream:
+		h.Reasons = append(h.Reasons, "jetstream: no answer within "+healthTimeout.String())
+	}
+	if !h.Provisioned {
+		h.Reasons = append(h.Reasons, "assets: not provisioned yet")
+	}
+	if host := n.host.Load(); host != nil {
+		h.Members = host.Members()
+		for _, m := range h.Members {
+			if !m.Running {
+				h.Reasons = append(h.Reasons, fmt.Sprintf("member %s/%s stopped at %s: %s (restarts at %s)",
+					m.Pair, m.Site, m.Since.UTC().Format(time.RFC3339), m.Reason, m.RestartAt.UTC().Format(time.RFC3339)))
+			}
+		}
+	}
 	code := http.StatusServiceUnavailable
-	if h.NATSConnected && h.JetStream && h.Provisioned {
+	if len(h.Reasons) == 0 {
 		h.Status, code = "ok", http.StatusOK
 	}
 	w.Header().Set("Content-Type", "application/json")

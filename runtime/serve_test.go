@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +17,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"understudy/actors/failover"
 )
 
 // serving is one Serve running in the background.
@@ -97,7 +101,7 @@ func TestServeEmbeddedEndToEnd(t *testing.T) {
 		}
 
 		code, h := getHealth(t, "http://"+httpAddr+"/healthz")
-		if code != http.StatusOK || h != (Health{Status: "ok", NATSConnected: true, JetStream: true, Provisioned: true}) {
+		if code != http.StatusOK || !reflect.DeepEqual(h, Health{Status: "ok", NATSConnected: true, JetStream: true, Provisioned: true}) {
 			t.Errorf("run %d: /healthz %d %+v", run, code, h)
 		}
 
@@ -173,7 +177,7 @@ func TestServeExternalNATSLateStart(t *testing.T) {
 	httpAddr := s.rec.waitFor(t, "http listening", 1, 5*time.Second)[0].Attrs["addr"].String()
 	s.rec.waitFor(t, "nats not reachable, retrying", 2, 5*time.Second)
 	code, h := getHealth(t, "http://"+httpAddr+"/healthz")
-	if code != http.StatusServiceUnavailable || h != (Health{Status: "unavailable"}) {
+	if code != http.StatusServiceUnavailable || !reflect.DeepEqual(h, Health{Status: "unavailable", Reasons: []string{"nats: not connected", "assets: not provisioned yet"}}) {
 		t.Errorf("/healthz while NATS is down: %d %+v", code, h)
 	}
 	if m := scrape(t, "http://"+httpAddr+"/metrics"); m["understudy_nats_connected"] != 0 {
@@ -296,7 +300,7 @@ func TestServeExternalNATSWithoutJetStream(t *testing.T) {
 		t.Errorf("retry log: %v", retries[1])
 	}
 	code, h := getHealth(t, "http://"+httpAddr+"/healthz")
-	if code != http.StatusServiceUnavailable || h != (Health{Status: "unavailable", NATSConnected: true}) {
+	if code != http.StatusServiceUnavailable || !reflect.DeepEqual(h, Health{Status: "unavailable", NATSConnected: true, Reasons: []string{"jetstream: no answer within 1s", "assets: not provisioned yet"}}) {
 		t.Errorf("/healthz without JetStream: %d %+v", code, h)
 	}
 	m := scrape(t, "http://"+httpAddr+"/metrics")
@@ -368,5 +372,40 @@ func TestServeMembersLogAndExportMetrics(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("metrics after 5s: %v", off)
 		}
+	}
+}
+
+// A stopped member makes /healthz answer 503 with a reason naming it, and
+// the member list shows it; once it runs again the member is not a reason.
+func TestHealthzReportsStoppedMember(t *testing.T) {
+	since := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	h := &Host{slots: []*memberSlot{
+		{cfg: MemberConfig{Rules: failover.DefaultRules("pg-a", "site-a", "site-b"), Site: "site-a"}},
+		{cfg: MemberConfig{Rules: failover.DefaultRules("pg-b", "site-a", "site-b"), Site: "site-b"},
+			stopped: true, stops: 2, reason: "another process appends to its event subject", since: since, restartAt: since.Add(2 * time.Second)},
+	}}
+	n := &node{log: slog.New(slog.DiscardHandler)}
+	n.provisioned.Store(true)
+	n.host.Store(h)
+	srv := httptest.NewServer(http.HandlerFunc(n.healthz))
+	defer srv.Close()
+
+	code, body := getHealth(t, srv.URL)
+	if code != http.StatusServiceUnavailable || body.Status != "unavailable" {
+		t.Fatalf("healthz %d %q, want 503 unavailable", code, body.Status)
+	}
+	want := "member pg-b/site-b stopped at 2026-03-01T12:00:00Z: another process appends to its event subject (restarts at 2026-03-01T12:00:02Z)"
+	found := false
+	for _, r := range body.Reasons {
+		found = found || r == want
+		if strings.Contains(r, "pg-a") {
+			t.Errorf("a running member is given as a reason: %q", r)
+		}
+	}
+	if !found {
+		t.Errorf("reasons %q lack %q", body.Reasons, want)
+	}
+	if len(body.Members) != 2 || !body.Members[0].Running || body.Members[1].Running || body.Members[1].Stops != 2 {
+		t.Errorf("members %+v", body.Members)
 	}
 }

@@ -335,6 +335,18 @@ type SwitchoverRejected struct {
 	Reason string `msgpack:"reason"`
 }
 
+// MemberStopped: the node's host recorded that a member stopped while its
+// node runs on (another process appends to its event subject, or it
+// refused its rules), and when it restarts it. The host writes it on
+// HostSubject, never on the member's own subject.
+type MemberStopped struct {
+	Reason    string        `msgpack:"reason"`
+	Stops     int           `msgpack:"stops"` // stops of this member since the node started
+	RestartIn time.Duration `msgpack:"restart_in"`
+}
+
+func (*MemberStopped) EventType() string { return "failover.member_stopped" }
+
 func (*Started) EventType() string            { return "failover.started" }
 func (*FenceRequested) EventType() string     { return "failover.fence_requested" }
 func (*Fenced) EventType() string             { return "failover.fenced" }
@@ -369,7 +381,7 @@ func RegisterEvents(reg *events.Registry) error {
 		&AcquireFailed{}, &Resumed{}, &Unfenced{}, &ServingStarted{}, &PromoteFailed{},
 		&LeadershipLost{}, &DemotionRequested{}, &Demoted{}, &DemoteFailed{}, &Released{},
 		&ConfigApplied{}, &ConfigRejected{}, &SwitchoverAccepted{}, &SwitchoverRejected{},
-		&CheckFailed{}, &CheckRecovered{},
+		&CheckFailed{}, &CheckRecovered{}, &MemberStopped{},
 	} {
 		if err := reg.Register(ev, 1); err != nil {
 			return err
@@ -377,6 +389,11 @@ func RegisterEvents(reg *events.Registry) error {
 	}
 	return nil
 }
+
+// HostSubject is where a node records what happened to one of its members
+// from outside the member (MemberStopped): not the member's own subject,
+// which only the member appends to.
+func HostSubject(pair, site string) string { return "ev.host." + pair + "." + site }
 
 // Subject is the event subject of one member.
 func Subject(pair, site string) string { return "ev.failover." + pair + "." + site }
