@@ -118,7 +118,12 @@ func (v *invariants) registerWritten(s *sim, n *node, w *failover.Write, res wri
 				s.count(cStoppedBeforeTakeover)
 			}
 			fo := s.foCheck
-			if o.unfenced && s.now-o.lastUnfenced < fo {
+			// The CAS replaced a value that says fenced: the holder's latest
+			// write (they land in CAS order) says it does not serve, and it
+			// serves again only after a later unfenced write has landed,
+			// which would have made this CAS fail. Its earlier unfenced
+			// writes, lone unfencing announcements included, are superseded.
+			if !prev.Fenced && o.unfenced && s.now-o.lastUnfenced < fo {
 				s.violate(InvPromotionWhileWrites,
 					"%s's acquire (term %d, expecting rev %d) won at %.3fs; %s's last unfenced register write landed at %.3fs, %v before (failover_timeout %v)",
 					n.site, w.Leader.Term, w.ExpectRev, s.now.Seconds(), o.site, o.lastUnfenced.Seconds(), s.now-o.lastUnfenced, fo)
