@@ -293,11 +293,8 @@ func leaderHistory(t *testing.T, fn *failoverNATS, pair string) []failover.Leade
 	}
 	var out []failover.LeaderEntry
 	for _, e := range hist {
-		l, err := failover.DecodeLeader(e.Value)
-		if err != nil {
-			t.Fatalf("register revision %d: %v", e.Revision, err)
-		}
-		out = append(out, failover.LeaderEntry{Rev: e.Revision, Time: e.Time, Value: l})
+		le, _ := failover.LeaderEntryOf(e, 0) // a value that does not decode comes back Corrupt
+		out = append(out, le)
 	}
 	return out
 }
@@ -770,5 +767,75 @@ func TestFailedChecksHandOver(t *testing.T) {
 		t.Fatal(err)
 	} else if ld, _ := failover.DecodeLeader(l.Value); ld.Site != r.Replica {
 		t.Errorf("register after the hand-over: %+v", ld)
+	}
+}
+
+// A value that is not a register in <pair>.leader: the serving primary
+// loses its term and fences, nobody loops on refused acquires, and the
+// register is replaced by CAS with a term above every earlier one, after
+// failover_timeout; the pair serves again without anyone touching the key.
+func TestGarbageRegisterIsReplacedWithoutLoop(t *testing.T) {
+	t.Parallel()
+	fn := startFailoverNATS(t)
+	r := fastRules(t, "garbage-register")
+	tr := newTransitions()
+	log, rec := newLogRecorder(t)
+	hostMember(t, "nats://"+fn.addr, fn, r, r.Primary, procedure.Drivers{"exec": &stepRecorder{}}, tr, log)
+	hostMember(t, "nats://"+fn.addr, fn, r, r.Replica, procedure.Drivers{"exec": &stepRecorder{}}, tr, log)
+	tr.waitFor(t, r.Primary, "failover.serving_started", 1, 5*time.Second)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := fn.kv.Put(ctx, failover.LeaderKey(r.Pair), []byte("not a register \xc1")); err != nil {
+		t.Fatal(err)
+	}
+	written := time.Now()
+	tr.waitFor(t, r.Primary, "failover.leadership_lost", 1, 5*time.Second)
+	// Someone serves again, in a term above 1.
+	var served Transition
+	for deadline := time.Now().Add(r.FailoverTimeout + 5*time.Second); ; time.Sleep(20 * time.Millisecond) {
+		tr.mu.Lock()
+		for _, x := range tr.list {
+			if ss, ok := x.Event.(*failover.ServingStarted); ok && ss.Term > 1 && x.At.After(written) {
+				served = x
+			}
+		}
+		tr.mu.Unlock()
+		if served.Event != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nobody serves %v after the garbage register", time.Since(written))
+		}
+	}
+	if took := served.At.Sub(written); took < r.FailoverTimeout {
+		t.Errorf("%s served %v after the garbage was written, before failover_timeout %v: the last holder might still have served", served.Site, took, r.FailoverTimeout)
+	}
+	time.Sleep(5 * r.HeartbeatTimeout) // a loop would show here
+	tr.mu.Lock()
+	refused := 0
+	for _, x := range tr.list {
+		switch x.Event.(type) {
+		case *failover.PromotionRejected, *failover.AcquireFailed:
+			refused++
+		}
+	}
+	tr.mu.Unlock()
+	if refused > 4 {
+		t.Errorf("%d acquires refused or failed: a retry loop", refused)
+	}
+	if n := len(rec.matching("leader register value does not decode: it counts as held by nobody, and is replaced by CAS with a term above the highest of its history")); n == 0 || n > 2 {
+		t.Errorf("the corrupt register was reported %d times, want once per member that saw it", n)
+	}
+	// Every register value since decodes, and no two holders share a term.
+	holders := map[uint64]string{}
+	for _, le := range leaderHistory(t, fn, r.Pair) {
+		if le.Value.Site == "" {
+			continue
+		}
+		if h, ok := holders[le.Value.Term]; ok && h != le.Value.Site {
+			t.Errorf("term %d held by %s and %s", le.Value.Term, h, le.Value.Site)
+		}
+		holders[le.Value.Term] = le.Value.Site
 	}
 }

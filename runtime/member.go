@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/anthdm/hollywood/actor"
@@ -84,6 +85,10 @@ type memberActor struct {
 	handedOver chan struct{}
 	stopReason string
 	stopOnce   bool
+	// corruptRev is the latest register revision reported as corrupt
+	// (written from the watch and write goroutines).
+	mu         sync.Mutex
+	corruptRev uint64
 }
 
 // stop ends the member for good (its host may start a new one) and tells
@@ -346,9 +351,11 @@ func (a *memberActor) write(w failover.Write) {
 			// late write from a rival's.
 			gctx, gcancel := context.WithTimeout(a.ctx, time.Second)
 			if e, gerr := a.deps.KV.Get(gctx, w.Key); gerr == nil {
-				if l, derr := failover.DecodeLeader(e.Value); derr == nil {
-					res.Current = &failover.LeaderEntry{Rev: e.Revision, Time: e.Time, Value: l}
+				le, derr := failover.LeaderEntryOf(e, 0)
+				if derr != nil {
+					le = a.corruptLeader(gctx, e, derr)
 				}
+				res.Current = &le
 			}
 			gcancel()
 		}
@@ -393,14 +400,45 @@ func (a *memberActor) watch() {
 }
 
 // input turns a KV entry of the pair into a member input (nil: not one,
-// or a value that does not decode, which is logged with its key and
-// revision and never reaches the member).
+// or a heartbeat or switchover value that does not decode, which is logged
+// with its key and revision and never reaches the member). A register
+// value that does not decode reaches the member as a register nobody
+// holds (failover.LeaderEntry.Corrupt).
 func (a *memberActor) input(e events.Entry) failover.Input {
 	in, err := failover.InputOf(a.cfg.Rules.Pair, e)
-	if err != nil {
-		a.log.Error("KV value of the pair does not decode, ignored", "key", e.Key, "revision", e.Revision, "err", err)
+	if err == nil {
+		return in
 	}
+	if _, ok := in.(failover.LeaderObserved); ok {
+		ctx, cancel := context.WithTimeout(a.ctx, 2*time.Second)
+		defer cancel()
+		return failover.LeaderObserved{Entry: a.corruptLeader(ctx, e, err)}
+	}
+	a.log.Error("KV value of the pair does not decode, ignored", "key", e.Key, "revision", e.Revision, "err", err)
 	return in
+}
+
+// corruptLeader reports a register value that does not decode, once per
+// revision seen here, and returns it as a register nobody holds, with the
+// highest term of the key's history (so the next holder's term is above
+// every earlier one; history that cannot be read counts as term 0, and
+// the member adds what it knows itself).
+func (a *memberActor) corruptLeader(ctx context.Context, e events.Entry, derr error) failover.LeaderEntry {
+	var highest uint64
+	hist, herr := a.deps.KV.History(ctx, e.Key)
+	if herr == nil {
+		highest = failover.HighestTerm(hist)
+	}
+	a.mu.Lock()
+	first := e.Revision > a.corruptRev
+	a.corruptRev = max(a.corruptRev, e.Revision)
+	a.mu.Unlock()
+	if first {
+		a.log.Error("leader register value does not decode: it counts as held by nobody, and is replaced by CAS with a term above the highest of its history",
+			"key", e.Key, "revision", e.Revision, "highest_term", highest, "history_err", herr, "err", derr)
+	}
+	le, _ := failover.LeaderEntryOf(e, highest)
+	return le
 }
 
 // publishRules writes the pair file's rules to <pair>.config when the key

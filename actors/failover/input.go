@@ -76,6 +76,11 @@ type LeaderEntry struct {
 	Rev   uint64
 	Time  time.Time // server timestamp
 	Value Leader
+	// Corrupt: the stored bytes do not decode as a register value. Such a
+	// register is held by nobody: Value is then vacant (no site, no
+	// handoff), with Term the highest term the key's history shows, so
+	// whoever replaces it by CAS takes a term above every earlier one.
+	Corrupt bool
 }
 
 // LeaderObserved is a new revision of <pair>.leader seen on the watch.

@@ -159,6 +159,10 @@ type Member struct {
 	fencedSeenAt time.Duration
 	unfencedRun  int    // consecutive unfenced writes of the holder in its term since fencedSince
 	probedFor    uint64 // leader revision a staleness probe was written for
+	// acquireAt: no acquire before this local time. An acquire that NATS
+	// refused without showing a newer register, or that failed, waits a
+	// heartbeat_timeout: retrying at once could only loop.
+	acquireAt    time.Duration
 	fenceFailed  bool
 	fenceRetryAt time.Duration
 	opSeq        uint64
@@ -490,7 +494,7 @@ func (m *Member) watchCaughtUp() bool {
 // maybeAcquire is the watchdog: promotion only when the leader's last write
 // is stale by server timestamps AND by this member's own observation.
 func (m *Member) maybeAcquire() {
-	if !m.synced || m.inflight != nil {
+	if !m.synced || m.inflight != nil || m.now < m.acquireAt {
 		return
 	}
 	fo := m.rules.FailoverTimeout
@@ -508,7 +512,10 @@ func (m *Member) maybeAcquire() {
 	if v.Site == m.site {
 		return // maybeResume handles it
 	}
-	if v.Site == "" {
+	if v.Site == "" && !m.leader.Corrupt {
+		// A corrupt register is vacant too, but its last valid holder may
+		// still serve until its next CAS fails and its fence completes: it
+		// is taken over only by the staleness rule below, never at once.
 		switch {
 		case v.Handoff == m.site:
 			m.acquire(AcquireHandoff, m.leader.Rev, 0)
@@ -662,8 +669,12 @@ func (m *Member) onLeaderWriteAnswered(w pendingWrite, r WriteResult) {
 			if r.Current != nil {
 				ev.CurrentRev, ev.Current = r.Current.Rev, r.Current.Value
 			}
+			if r.Current == nil || r.Current.Rev <= w.expect {
+				m.acquireAt = m.now + m.rules.HeartbeatTimeout
+			}
 			m.emit(ev)
 		default:
+			m.acquireAt = m.now + m.rules.HeartbeatTimeout
 			m.emit(&AcquireFailed{Term: w.leader.Term, Cause: cause(r)})
 		}
 	case WriteRelease:
@@ -706,6 +717,7 @@ func (m *Member) onLeaderWriteFailed(w pendingWrite, why string) {
 			m.fence(FenceHeartbeatFailures, AfterRelease)
 		}
 	case WriteAcquire:
+		// It waited heartbeat_timeout for an answer already: no hot loop.
 		m.emit(&AcquireFailed{Term: w.leader.Term, Cause: why})
 	case WriteRelease:
 		// not serving any more; the release is retried at the next beat

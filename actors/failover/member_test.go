@@ -156,6 +156,9 @@ func TestTranscripts(t *testing.T) {
 				id, _ := arg("id")
 				w.logf("oper", "switchover requested to %s", to)
 				w.put(SwitchoverKey(w.rules.Pair), EncodeSwitchover(Switchover{ID: id, To: to, Requested: w.serverTime()}))
+			case "garbage":
+				w.logf("oper", "a value that is not msgpack is written to the register")
+				w.put(LeaderKey(w.rules.Pair), []byte("not msgpack \xc1"))
 			case "config":
 				r := rulesFrom(w.config)
 				if checkRules(r, w.opts) == nil {
@@ -175,6 +178,15 @@ func TestTranscripts(t *testing.T) {
 				if e, ok := w.kv[LeaderKey(w.rules.Pair)]; ok {
 					l, _ := DecodeLeader(e.value)
 					fmt.Fprintf(&out, "register: %v rev=%d written %.3fs\n", l, e.rev, e.at.Sub(epoch).Seconds())
+				}
+				counts := map[string]int{}
+				for _, s := range w.sites {
+					for _, ev := range w.node[s].log {
+						counts[ev.EventType()]++
+					}
+				}
+				if n := counts["failover.promotion_rejected"] + counts["failover.acquire_failed"]; n > 0 {
+					fmt.Fprintf(&out, "acquires refused or failed: %d\n", n)
 				}
 				if w.splits > 0 {
 					fmt.Fprintf(&out, "split brains: %d\n", w.splits)

@@ -88,6 +88,43 @@ func DecodeLeader(b []byte) (Leader, error) {
 	return l, nil
 }
 
+// LeaderEntryOf reads one revision of the register. A value that does not
+// decode gives a Corrupt entry — vacant, with term highestTerm (the
+// highest term of the key's history, as far as the caller knows it; see
+// HighestTerm) — and the decode error, for the caller to report.
+func LeaderEntryOf(e events.Entry, highestTerm uint64) (LeaderEntry, error) {
+	l, err := DecodeLeader(e.Value)
+	if err != nil {
+		return LeaderEntry{Rev: e.Revision, Time: e.Time, Value: Leader{Term: highestTerm}, Corrupt: true},
+			fmt.Errorf("corrupt leader register value (revision %d, %s): %w", e.Revision, hexPrefix(e.Value), err)
+	}
+	return LeaderEntry{Rev: e.Revision, Time: e.Time, Value: l}, nil
+}
+
+// HighestTerm is the highest term among the register values of history
+// that decode (0 if none does).
+func HighestTerm(history []events.Entry) uint64 {
+	var t uint64
+	for _, e := range history {
+		if e.Op != events.OpPut {
+			continue
+		}
+		if l, err := DecodeLeader(e.Value); err == nil {
+			t = max(t, l.Term)
+		}
+	}
+	return t
+}
+
+// hexPrefix shows the first bytes of a value that does not decode.
+func hexPrefix(b []byte) string {
+	const n = 16
+	if len(b) <= n {
+		return fmt.Sprintf("%d bytes %x", len(b), b)
+	}
+	return fmt.Sprintf("%d bytes %x…", len(b), b[:n])
+}
+
 // EncodeHeartbeat returns the wire form of a member heartbeat.
 func EncodeHeartbeat(h Heartbeat) []byte { return mustMarshal(h) }
 
@@ -136,9 +173,11 @@ func mustMarshal(v any) []byte {
 
 // InputOf is the member input a KV entry of the pair means: the register,
 // a member heartbeat, the rules, a switchover request. nil, nil for a
-// delete or a key that is not the pair's. A register, heartbeat or
-// switchover value that does not decode is an error (the caller reports
-// it and the member never sees it); rules that do not decode are an input
+// delete or a key that is not the pair's. A heartbeat or switchover value
+// that does not decode is an error and no input (the caller reports it and
+// the member never sees it); a register value that does not decode is both
+// an error to report and an input, LeaderObserved with a Corrupt entry
+// (see LeaderEntryOf); rules that do not decode are an input
 // (ConfigObserved with DecodeErr), which the member records as refused.
 func InputOf(pair string, e events.Entry) (Input, error) {
 	if e.Op != events.OpPut {
@@ -146,11 +185,8 @@ func InputOf(pair string, e events.Entry) (Input, error) {
 	}
 	switch {
 	case e.Key == LeaderKey(pair):
-		l, err := DecodeLeader(e.Value)
-		if err != nil {
-			return nil, fmt.Errorf("corrupt leader register value: %w", err)
-		}
-		return LeaderObserved{Entry: LeaderEntry{Rev: e.Revision, Time: e.Time, Value: l}}, nil
+		le, err := LeaderEntryOf(e, 0)
+		return LeaderObserved{Entry: le}, err
 	case strings.HasPrefix(e.Key, pair+".hb."):
 		h, err := DecodeHeartbeat(e.Value)
 		if err != nil {

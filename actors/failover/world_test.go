@@ -30,6 +30,9 @@ type world struct {
 	node   map[string]*node
 	out    *strings.Builder
 	splits int
+	// maxTerm is the highest term the register's history shows (the
+	// runtime reads it from the key's history when a value is corrupt).
+	maxTerm uint64
 }
 
 type kvEntry struct {
@@ -124,6 +127,11 @@ func (w *world) serverTime() time.Time { return epoch.Add(w.now) }
 func (w *world) put(key string, value []byte) kvEntry {
 	w.rev++
 	e := kvEntry{rev: w.rev, at: w.serverTime(), value: value}
+	if key == LeaderKey(w.rules.Pair) {
+		if l, err := DecodeLeader(value); err == nil {
+			w.maxTerm = max(w.maxTerm, l.Term)
+		}
+	}
 	w.kv[key] = e
 	for _, s := range w.sites {
 		w.deliverEntry(w.node[s], key, e)
@@ -157,11 +165,8 @@ func (w *world) inputFor(key string, e kvEntry) Input {
 	p := w.rules.Pair
 	switch {
 	case key == LeaderKey(p):
-		l, err := DecodeLeader(e.value)
-		if err != nil {
-			w.t.Fatalf("leader value: %v", err)
-		}
-		return LeaderObserved{Entry: LeaderEntry{Rev: e.rev, Time: e.at, Value: l}}
+		le, _ := LeaderEntryOf(events.Entry{Key: key, Value: e.value, Revision: e.rev, Time: e.at, Op: events.OpPut}, w.maxTerm)
+		return LeaderObserved{Entry: le}
 	case strings.HasPrefix(key, p+".hb."):
 		h, err := DecodeHeartbeat(e.value)
 		if err != nil {
@@ -283,8 +288,8 @@ func (w *world) apply(n *node, wr Write) {
 	default:
 		res.Err = WriteConflict
 		if exists && wr.Key == LeaderKey(w.rules.Pair) {
-			l, _ := DecodeLeader(cur.value)
-			res.Current = &LeaderEntry{Rev: cur.rev, Time: cur.at, Value: l}
+			le, _ := LeaderEntryOf(events.Entry{Key: wr.Key, Value: cur.value, Revision: cur.rev, Time: cur.at, Op: events.OpPut}, w.maxTerm)
+			res.Current = &le
 		}
 	}
 	if !n.alive || n.dropDown {

@@ -122,11 +122,15 @@ func watchSwitchoverRejection(ctx context.Context, nc *nats.Conn, pair string, r
 // PairStatus is one pair as `understudy status --json` prints it. Ages
 // are measured against the server's clock (serverTime).
 type PairStatus struct {
-	Pair       string                `json:"pair"`
-	Leader     string                `json:"leader"` // "" when nobody holds the register
-	Term       uint64                `json:"term"`
-	Fenced     bool                  `json:"fenced"`
-	Handoff    string                `json:"handoff,omitempty"`
+	Pair    string `json:"pair"`
+	Leader  string `json:"leader"` // "" when nobody holds the register
+	Term    uint64 `json:"term"`
+	Fenced  bool   `json:"fenced"`
+	Handoff string `json:"handoff,omitempty"`
+	// Corrupt says why the register's value does not decode; the members
+	// treat such a register as held by nobody and replace it (Term is then
+	// the highest term of its history).
+	Corrupt    string                `json:"corrupt,omitempty"`
 	LeaderAge  float64               `json:"leader_write_age_s"`
 	Heartbeats map[string]SiteStatus `json:"heartbeats"`
 	Rules      *RulesStatus          `json:"rules,omitempty"`
@@ -262,10 +266,13 @@ func pairsIn(ctx context.Context, nc *nats.Conn, bucket, want string) ([]string,
 func pairStatus(ctx context.Context, kv events.KV, pair string, now time.Time) (PairStatus, error) {
 	st := PairStatus{Pair: pair, Heartbeats: map[string]SiteStatus{}, ServerTime: now}
 	if e, err := kv.Get(ctx, failover.LeaderKey(pair)); err == nil {
-		l, err := failover.DecodeLeader(e.Value)
+		le, err := failover.LeaderEntryOf(e, 0)
 		if err != nil {
-			return st, fmt.Errorf("pair %s: leader register (revision %d): %w", pair, e.Revision, err)
+			hist, _ := kv.History(ctx, e.Key)
+			le, _ = failover.LeaderEntryOf(e, failover.HighestTerm(hist))
+			st.Corrupt = err.Error()
 		}
+		l := le.Value
 		st.Leader, st.Term, st.Fenced, st.Handoff = l.Site, l.Term, l.Fenced, l.Handoff
 		st.LeaderAge = now.Sub(e.Time).Seconds()
 	} else if !errors.Is(err, events.ErrNotFound) {
@@ -308,6 +315,8 @@ func pairStatus(ctx context.Context, kv events.KV, pair string, now time.Time) (
 func printStatus(w io.Writer, st PairStatus) {
 	leader := st.Leader
 	switch {
+	case st.Corrupt != "":
+		leader = "none (" + st.Corrupt + "; the members replace it)"
 	case leader == "" && st.Handoff != "":
 		leader = "none (handing off to " + st.Handoff + ")"
 	case leader == "":
