@@ -107,17 +107,44 @@ func (r Rules) CheckFenceBudget(budget time.Duration) error {
 	}
 }
 
+// MinHeartbeat is the shortest heartbeat_timeout accepted: below it the
+// member would count ordinary write latency (a synchronous fsync and a
+// network round trip) as failures, fence and fail over with no fault.
+const MinHeartbeat = 50 * time.Millisecond
+
+// MaxNameLen bounds pair and site names: they are tokens of KV keys and
+// event subjects, and a NATS control line is bounded.
+const MaxNameLen = 64
+
+// CheckName says why a pair or site name is not allowed (nil when it is):
+// 1 to MaxNameLen characters among ASCII letters, digits, '-' and '_'.
+func CheckName(v string) error {
+	if v == "" {
+		return fmt.Errorf("must not be empty")
+	}
+	if len(v) > MaxNameLen {
+		return fmt.Errorf("must be at most %d characters (it has %d)", MaxNameLen, len(v))
+	}
+	for _, c := range v {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '_':
+		default:
+			return fmt.Errorf("must be one NATS subject token of ASCII letters, digits, '-' and '_': %q is not allowed", c)
+		}
+	}
+	return nil
+}
+
 // ValidateShape checks every field but not the safety inequality. Only the
 // simulator's --allow-unsafe-config uses it alone.
 func (r Rules) ValidateShape() error {
 	name := func(field, v string) error {
-		if v == "" {
-			return &actors.ConfigError{Field: field, Rule: "must not be empty"}
-		}
-		for _, c := range v {
-			if c == '.' || c == '*' || c == '>' || c == ' ' || c == '\t' {
-				return &actors.ConfigError{Field: field, Rule: "must be one NATS subject token: no '.', '*', '>' or whitespace", Value: strconv.Quote(v)}
+		if err := CheckName(v); err != nil {
+			ce := &actors.ConfigError{Field: field, Rule: err.Error()}
+			if v != "" {
+				ce.Value = strconv.Quote(v)
 			}
+			return ce
 		}
 		return nil
 	}
@@ -141,6 +168,10 @@ func (r Rules) ValidateShape() error {
 	}
 	if err := positive("heartbeat_timeout", r.HeartbeatTimeout); err != nil {
 		return err
+	}
+	if r.HeartbeatTimeout < MinHeartbeat {
+		return &actors.ConfigError{Field: "heartbeat_timeout", Rule: "must be at least " + MinHeartbeat.String() +
+			" (a register write with a synchronous fsync, answered over the network, needs that much; see docs/failover.md)", Value: r.HeartbeatTimeout.String()}
 	}
 	if err := positive("failover_timeout", r.FailoverTimeout); err != nil {
 		return err

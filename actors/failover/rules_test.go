@@ -76,3 +76,47 @@ func TestRulesBoundsPreventOverflow(t *testing.T) {
 		t.Fatalf("largest thresholds: the inequality must still be computed and fail: %v", err)
 	}
 }
+
+// Rules with no lower bound let a pair never serve (1ms heartbeats) or a
+// member never work (a name longer than a NATS control line allows): both
+// are refused, naming the field and the rule, at load and at run time.
+func TestRulesFloorsAndNameLengths(t *testing.T) {
+	base := DefaultRules("pg-main", "site-a", "site-b")
+	for _, c := range []struct {
+		name  string
+		edit  func(*Rules)
+		field string
+		rule  string
+	}{
+		{"1ms heartbeat", func(r *Rules) { r.HeartbeatTimeout = time.Millisecond }, "heartbeat_timeout", "must be at least 50ms"},
+		{"1ns heartbeat", func(r *Rules) { r.HeartbeatTimeout = 1 }, "heartbeat_timeout", "must be at least 50ms"},
+		{"long pair", func(r *Rules) { r.Pair = strings.Repeat("p", 100000) }, "pair", "at most 64 characters (it has 100000)"},
+		{"65 character site", func(r *Rules) { r.Replica = strings.Repeat("s", 65) }, "replica", "at most 64 characters"},
+		{"non-ASCII site", func(r *Rules) { r.Primary = "sité" }, "primary", "'é' is not allowed"},
+		{"wildcard", func(r *Rules) { r.Pair = "pg>" }, "pair", "'>' is not allowed"},
+	} {
+		r := base
+		c.edit(&r)
+		err := r.Validate()
+		var ce *actors.ConfigError
+		if !errors.As(err, &ce) || ce.Field != c.field || !strings.Contains(ce.Rule, c.rule) {
+			t.Errorf("%s: %v, want field %s rule containing %q", c.name, err, c.field, c.rule)
+		}
+		// The same check refuses it as a run-time change.
+		m, merr := NewMember("site-a", base, Options{})
+		if merr != nil {
+			t.Fatal(merr)
+		}
+		m.Start(0)
+		ready := m.Step(0, ConfigObserved{Rev: 9, Rules: r})
+		if len(ready.Events) != 1 || ready.Events[0].EventType() != "failover.config_rejected" {
+			t.Errorf("%s at run time: %v", c.name, ready.Events)
+		}
+	}
+	ok := base
+	ok.HeartbeatTimeout, ok.FailoverTimeout, ok.FenceGrace = MinHeartbeat, time.Second, 100*time.Millisecond
+	ok.Pair = strings.Repeat("p", MaxNameLen)
+	if err := ok.Validate(); err != nil {
+		t.Errorf("the floors themselves: %v", err)
+	}
+}
