@@ -15,6 +15,11 @@ need+=(libvirt0)
 # an image imported from a busybox-static rootfs (no registry needed); runc
 # because crun cannot run on hybrid-cgroup machines (docs/agents.md).
 need+=(podman runc busybox-static)
+# iptables, iproute2: the partition suite (partition/) builds three sites as
+# network namespaces on a bridge (ip netns, veth) and cuts, delays and drops
+# their links with iptables inside them (docs/partitions.md). Delay and loss
+# use sch_netem where the kernel has it, else NFQUEUE (no package needed).
+need+=(iptables iproute2)
 
 missing=()
 for pkg in "${need[@]:-}"; do
