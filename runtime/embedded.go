@@ -8,7 +8,9 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -37,6 +39,73 @@ type EmbeddedNATS struct {
 	srv  *server.Server
 	log  *slog.Logger
 	once sync.Once
+	sl   *serverLogger
+	dir  string
+	stop chan struct{}
+	done chan struct{}
+}
+
+// Out-of-space recovery: nats-server's file store keeps a write error for
+// good once a write failed for lack of space, and refuses every write of
+// that stream until JetStream is restarted. The keeper checks every
+// storeCheckEvery; once the data directory has storeFreeMin free again it
+// restarts JetStream (the streams are read back from disk).
+const (
+	storeCheckEvery = 500 * time.Millisecond
+	storeFreeMin    = 16 << 20
+)
+
+// StoreFull reports whether the store ran out of space and has not been
+// recovered yet: JetStream refuses writes meanwhile.
+func (e *EmbeddedNATS) StoreFull() bool { return e.sl.outOfSpace() }
+
+// keepStore restarts JetStream once space is back after running out.
+func (e *EmbeddedNATS) keepStore() {
+	defer close(e.done)
+	t := time.NewTicker(storeCheckEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-t.C:
+		}
+		if !e.sl.outOfSpace() {
+			continue
+		}
+		free, err := freeBytes(e.dir)
+		if err != nil || free < storeFreeMin {
+			continue
+		}
+		cfg := e.srv.JetStreamConfig()
+		if cfg == nil {
+			cfg = &server.JetStreamConfig{SyncAlways: true}
+		}
+		// The running config's StoreDir already ends in "jetstream", which
+		// EnableJetStream appends again: give it the directory it started on.
+		cfg.StoreDir = e.dir
+		e.log.Warn("jetstream store has free space again; restarting JetStream to clear its write errors", "store_dir", e.dir, "free_bytes", free)
+		if err := e.srv.ShutdownJetStream(); err != nil {
+			e.log.Error("jetstream restart: shutdown", "err", err)
+			continue
+		}
+		e.sl.clearOutOfSpace()
+		if err := e.srv.EnableJetStream(cfg); err != nil {
+			e.sl.markOutOfSpace() // try again at the next check
+			e.log.Error("jetstream restart: enable", "err", err)
+			continue
+		}
+		e.log.Info("jetstream recovered after the data directory ran out of space", "store_dir", e.dir, "free_bytes", free)
+	}
+}
+
+// freeBytes is the space left to unprivileged writers on dir's file system.
+func freeBytes(dir string) (uint64, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return st.Bavail * uint64(st.Bsize), nil
 }
 
 // StartEmbedded starts a nats-server with JetStream in cfg.DataDir and waits
@@ -92,7 +161,8 @@ func StartEmbedded(cfg EmbeddedConfig, log *slog.Logger) (*EmbeddedNATS, error) 
 		srv.WaitForShutdown()
 		return nil, fmt.Errorf("runtime: embedded nats: JetStream not enabled: %s", msg)
 	}
-	e := &EmbeddedNATS{srv: srv, log: log}
+	e := &EmbeddedNATS{srv: srv, log: log, sl: sl, dir: cfg.DataDir, stop: make(chan struct{}), done: make(chan struct{})}
+	go e.keepStore()
 	log.Info("embedded nats started", "client_url", e.ClientURL(), "store_dir", srv.StoreDir(), "sync_always", true)
 	return e, nil
 }
@@ -129,6 +199,8 @@ func (e *EmbeddedNATS) Server() *server.Server {
 // more than once.
 func (e *EmbeddedNATS) Shutdown() {
 	e.once.Do(func() {
+		close(e.stop)
+		<-e.done
 		e.srv.Shutdown()
 		e.srv.WaitForShutdown()
 		e.log.Info("embedded nats stopped")
@@ -143,6 +215,25 @@ type serverLogger struct {
 
 	mu       sync.Mutex
 	lastFail string
+	noSpace  bool // a store write failed for lack of space (see keepStore)
+}
+
+func (l *serverLogger) outOfSpace() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.noSpace
+}
+
+func (l *serverLogger) markOutOfSpace() {
+	l.mu.Lock()
+	l.noSpace = true
+	l.mu.Unlock()
+}
+
+func (l *serverLogger) clearOutOfSpace() {
+	l.mu.Lock()
+	l.noSpace = false
+	l.mu.Unlock()
 }
 
 func (l *serverLogger) Noticef(format string, v ...any) {
@@ -162,7 +253,20 @@ func (l *serverLogger) Fatalf(format string, v ...any) {
 }
 
 func (l *serverLogger) Errorf(format string, v ...any) {
-	l.log.Error(fmt.Sprintf(format, v...))
+	msg := fmt.Sprintf(format, v...)
+	if strings.Contains(msg, "no space left on device") {
+		// Reported on every refused write: once is enough until recovered.
+		l.mu.Lock()
+		first := !l.noSpace
+		l.noSpace = true
+		l.mu.Unlock()
+		if !first {
+			return
+		}
+		l.log.Error("jetstream store is out of space: writes are refused until space is freed (recovery is automatic)", "err", msg)
+		return
+	}
+	l.log.Error(msg)
 }
 
 func (l *serverLogger) Debugf(format string, v ...any) {

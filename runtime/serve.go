@@ -107,7 +107,7 @@ func (n *node) run(ctx context.Context) error {
 	s := n.s
 	connect := ConnectOptions{
 		URL: s.urls, User: s.user, Password: s.password, Creds: s.creds, TLS: s.tls,
-		Retry: s.retry, Name: "understudy",
+		Retry: s.retry, Name: "understudy", DeadAfter: s.deadAfter,
 	}
 	mode := "external"
 	if s.embedded {
@@ -130,7 +130,8 @@ func (n *node) run(ctx context.Context) error {
 		return err
 	}
 	n.nc.Store(nc)
-	js, err := jetstream.New(nc)
+	// Calls without a deadline of their own must not outwait the members.
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(jetStreamTimeout(s.deadAfter)))
 	if err != nil {
 		return fmt.Errorf("runtime: jetstream: %w", err)
 	}
@@ -143,6 +144,14 @@ func (n *node) run(ctx context.Context) error {
 			return nil
 		}
 		return err
+	}
+
+	if s.preferredLeader != "" {
+		keeper := StartLeaderKeeper(ctx, nc, js, LeaderKeeperConfig{
+			Preferred: s.preferredLeader,
+			Streams:   []string{Asset{Kind: KVBucket, Name: s.failoverBucket}.StreamName(), s.eventsStream, Asset{Kind: KVBucket, Name: s.fleetBucket}.StreamName()},
+		}, n.log)
+		defer keeper.Stop()
 	}
 
 	clientURL := nc.ConnectedUrlRedacted()
@@ -291,6 +300,9 @@ func (n *node) healthz(w http.ResponseWriter, r *http.Request) {
 	}
 	if !h.Provisioned {
 		h.Reasons = append(h.Reasons, "assets: not provisioned yet")
+	}
+	if n.embedded != nil && n.embedded.StoreFull() {
+		h.Reasons = append(h.Reasons, "jetstream: the data directory ran out of space; writes are refused until space is freed (recovery is automatic)")
 	}
 	if host := n.host.Load(); host != nil {
 		h.Members = host.Members()

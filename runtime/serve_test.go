@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -407,5 +408,12 @@ func TestHealthzReportsStoppedMember(t *testing.T) {
 	}
 	if len(body.Members) != 2 || !body.Members[0].Running || body.Members[1].Running || body.Members[1].Stops != 2 {
 		t.Errorf("members %+v", body.Members)
+	}
+
+	// An embedded store that ran out of space is a reason too.
+	n.embedded = &EmbeddedNATS{sl: &serverLogger{noSpace: true}}
+	_, body = getHealth(t, srv.URL)
+	if !slices.Contains(body.Reasons, "jetstream: the data directory ran out of space; writes are refused until space is freed (recovery is automatic)") {
+		t.Errorf("reasons with a full store: %q", body.Reasons)
 	}
 }
