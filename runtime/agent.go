@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -186,7 +187,7 @@ func (a *Agent) Stop() {
 type (
 	manifestMsg struct {
 		m   agent.Manifest
-		err error
+		err error // a *storedManifestError when it did not decode
 	}
 	resourceUpdate struct {
 		id string
@@ -223,6 +224,9 @@ type agentActor struct {
 	rev      uint64
 	// flushQueued: a flushStatus is on its way (see changed).
 	flushQueued bool
+	// reportedRev is the last revision of an undecodable manifest logged
+	// (once each).
+	reportedRev uint64
 	apps        map[string]*appender
 }
 
@@ -277,7 +281,12 @@ func (a *agentActor) startedAt(c *actor.Context) {
 				if e.Revision == 0 || e.Op != events.OpPut {
 					continue
 				}
+				// DecodeManifest is bounded and never panics: a hostile
+				// value costs a walk over at most 1 MiB, here, off the actor.
 				m, err := agent.DecodeManifest(e.Value)
+				if err != nil {
+					err = &storedManifestError{key: e.Key, rev: e.Revision, prefix: hexPrefix(e.Value), size: len(e.Value), err: err}
+				}
 				engine.Send(self, manifestMsg{m, err})
 			}
 		}()
@@ -378,9 +387,20 @@ func (a *agentActor) onManifest(c *actor.Context, mm manifestMsg) {
 	}
 	if err != nil {
 		// A bad manifest in KV (written around apply's checks): keep what
-		// runs, and say why.
-		a.logger.Error("agent: manifest refused; the resources keep their last spec", "generation", m.Generation, "err", err)
-		a.condition("ManifestValid", false, "Invalid", err.Error())
+		// runs, and say why — once per stored revision.
+		var se *storedManifestError
+		reason := "Invalid"
+		if errors.As(err, &se) {
+			reason = "Undecodable"
+			if se.rev != a.reportedRev {
+				a.reportedRev = se.rev
+				a.logger.Error("agent: stored manifest does not decode; the resources keep their last spec until an apply replaces it",
+					"key", se.key, "revision", se.rev, "size", se.size, "starts", se.prefix, "err", se.err)
+			}
+		} else {
+			a.logger.Error("agent: manifest refused; the resources keep their last spec", "generation", m.Generation, "err", err)
+		}
+		a.condition("ManifestValid", false, reason, err.Error())
 		a.publish()
 		return
 	}
@@ -502,6 +522,32 @@ func (a *agentActor) publish() {
 	if a.ctx.Err() == nil {
 		a.logger.Warn("agent: status write failed", "key", key, "err", err)
 	}
+}
+
+// storedManifestError is a value at desired-state.<agent> that does not
+// decode: where it is and how it starts, for the operator to find it.
+type storedManifestError struct {
+	key    string
+	rev    uint64
+	size   int
+	prefix string
+	err    error
+}
+
+func (e *storedManifestError) Error() string {
+	return fmt.Sprintf("%s revision %d (%d bytes, starting %s) does not decode: %v; the resources keep their last spec: apply a manifest to replace it",
+		e.key, e.rev, e.size, e.prefix, e.err)
+}
+
+func (e *storedManifestError) Unwrap() error { return e.err }
+
+// hexPrefix is the start of b in hex, for a report.
+func hexPrefix(b []byte) string {
+	const n = 16
+	if len(b) > n {
+		return hex.EncodeToString(b[:n]) + "…"
+	}
+	return hex.EncodeToString(b)
 }
 
 type (
@@ -725,11 +771,15 @@ func ApplyManifest(ctx context.Context, kv events.KV, m agent.Manifest, reg reso
 	case err != nil:
 		return m, 0, err
 	}
-	old, err := agent.DecodeManifest(cur.Value)
-	if err != nil {
-		return m, 0, fmt.Errorf("the stored manifest %s (revision %d) does not decode: %w", key, cur.Revision, err)
+	if old, err := agent.DecodeManifest(cur.Value); err == nil {
+		m.Generation = old.Generation + 1
+	} else {
+		// A stored value that does not decode (written around apply) is
+		// replaced, never a reason to refuse: its generation is unknown,
+		// and the key's revision is above every generation stored there
+		// (each apply takes a revision of its own).
+		m.Generation = cur.Revision + 1
 	}
-	m.Generation = old.Generation + 1
 	b, err := agent.EncodeManifest(m)
 	if err != nil {
 		return m, 0, err

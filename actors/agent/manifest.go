@@ -121,12 +121,33 @@ func (m Manifest) Validate(reg resources.Registry, strict bool) error {
 	return nil
 }
 
-// EncodeManifest and DecodeManifest are the wire form (msgpack).
-func EncodeManifest(m Manifest) ([]byte, error) { return msgpack.Marshal(m) }
+// EncodeManifest and DecodeManifest are the wire form (msgpack). A manifest
+// the agent would refuse to decode (ManifestLimits) is refused here.
+func EncodeManifest(m Manifest) ([]byte, error) {
+	b, err := msgpack.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("manifest: %w", err)
+	}
+	if err := CheckWire(b, ManifestLimits); err != nil {
+		return nil, fmt.Errorf("manifest: too large for an agent to read (at most %d bytes, %d levels of nesting, %d values): %w",
+			ManifestLimits.Bytes, ManifestLimits.Depth, ManifestLimits.Values, err)
+	}
+	return b, nil
+}
 
-// DecodeManifest decodes a stored manifest.
-func DecodeManifest(b []byte) (Manifest, error) {
-	var m Manifest
+// DecodeManifest decodes a stored manifest. b is untrusted: it is checked
+// against ManifestLimits before msgpack sees it (CheckWire), and a value
+// that still does not decode gives an error, never a panic. It does not
+// keep b.
+func DecodeManifest(b []byte) (m Manifest, err error) {
+	if err := CheckWire(b, ManifestLimits); err != nil {
+		return Manifest{}, fmt.Errorf("manifest: %w", err)
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			m, err = Manifest{}, fmt.Errorf("manifest: msgpack decoder panic: %v", p)
+		}
+	}()
 	if err := msgpack.Unmarshal(b, &m); err != nil {
 		return Manifest{}, fmt.Errorf("manifest: %w", err)
 	}

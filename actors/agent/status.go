@@ -97,8 +97,16 @@ func (s Status) IDs() []string {
 func EncodeStatus(s Status) ([]byte, error) { return msgpack.Marshal(s) }
 
 // DecodeStatus decodes a stored status.
-func DecodeStatus(b []byte) (Status, error) {
-	var s Status
+// b is untrusted: it is checked against StatusLimits first (CheckWire).
+func DecodeStatus(b []byte) (s Status, err error) {
+	if err := CheckWire(b, StatusLimits); err != nil {
+		return Status{}, fmt.Errorf("agent status: %w", err)
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			s, err = Status{}, fmt.Errorf("agent status: msgpack decoder panic: %v", p)
+		}
+	}()
 	if err := msgpack.Unmarshal(b, &s); err != nil {
 		return Status{}, fmt.Errorf("agent status: %w", err)
 	}
