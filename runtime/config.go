@@ -127,6 +127,12 @@ type AssetsConfig struct {
 	FailoverBucket string `yaml:"failover_bucket"`
 	FleetBucket    string `yaml:"fleet_bucket"`
 	EventsStream   string `yaml:"events_stream"`
+	// PreferredLeader is the name of the NATS server (server_name) that
+	// should lead the assets' streams: the witness site's. The node moves
+	// the stream leaders back to it whenever they are elsewhere and it is
+	// a current replica, so that losing a pair's site never waits for a
+	// JetStream leader election. Only with nats.url and replicas > 1.
+	PreferredLeader string `yaml:"preferred_leader"`
 }
 
 // LogConfig sets the log level (debug, info, warn, error) and format (text, json).
@@ -205,10 +211,15 @@ type settings struct {
 	tlsInsecure bool
 	retry       RetryConfig
 
-	replicas       int
-	failoverBucket string
-	fleetBucket    string
-	eventsStream   string
+	replicas        int
+	failoverBucket  string
+	fleetBucket     string
+	eventsStream    string
+	preferredLeader string // "": leaders stay where JetStream puts them
+
+	// deadAfter is how soon a silent NATS server is given up: the
+	// smallest heartbeat_timeout of the members, else DefaultDeadAfter.
+	deadAfter time.Duration
 
 	httpAddr  string
 	logLevel  slog.Level
@@ -274,6 +285,8 @@ func (c Config) Validate() error {
 var (
 	// bucket and stream names as JetStream accepts them.
 	assetNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+	// NATS server names: nats-server refuses spaces in server_name.
+	serverNameRE = regexp.MustCompile(`^\S+$`)
 )
 
 func (c Config) resolve() (settings, error) {
@@ -430,9 +443,27 @@ func (c Config) resolve() (settings, error) {
 		s.agent = &ac
 	}
 
+	if pl := c.Assets.PreferredLeader; pl != "" {
+		switch {
+		case s.embedded:
+			bad("assets.preferred_leader", "applies only to a NATS cluster: set nats.url (--nats-url) too", pl)
+		case !serverNameRE.MatchString(pl):
+			bad("assets.preferred_leader", "must be a NATS server name (the server_name of a server of the cluster), without spaces", pl)
+		case s.replicas == 1:
+			bad("assets.preferred_leader", "needs assets.replicas > 1: a stream with one replica has no leader to move", pl)
+		}
+		s.preferredLeader = pl
+	}
+
 	members, perrs := resolvePairs(c.Node, c.Pairs, c.BaseDir)
 	errs = append(errs, perrs...)
 	s.members = members
+	s.deadAfter = DefaultDeadAfter
+	for i, m := range members {
+		if h := m.Rules.HeartbeatTimeout; h > 0 && (i == 0 || h < s.deadAfter) {
+			s.deadAfter = h
+		}
+	}
 
 	// understudy-libvirt: checked at load wherever it can be needed, so
 	// that a missing one is not found out by the first fence.

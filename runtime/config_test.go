@@ -8,6 +8,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/big"
 	"os"
@@ -106,6 +107,9 @@ func TestConfigValidationNamesFieldAndRule(t *testing.T) {
 		{"bucket names equal", func(c *Config) { c.Assets.FleetBucket = c.Assets.FailoverBucket }, "assets.fleet_bucket", "must differ from assets.failover_bucket"},
 		{"retry initial", func(c *Config) { c.NATS.Retry.Initial = 0 }, "nats.retry.initial", "positive"},
 		{"retry max", func(c *Config) { c.NATS.Retry.Max = time.Millisecond }, "nats.retry.max", "at least nats.retry.initial"},
+		{"preferred leader on embedded", func(c *Config) { c.Assets.PreferredLeader = "nats-w" }, "assets.preferred_leader", "only to a NATS cluster"},
+		{"preferred leader with one replica", func(c *Config) { external(c); c.Assets.Replicas, c.Assets.PreferredLeader = 1, "nats-w" }, "assets.preferred_leader", "needs assets.replicas > 1"},
+		{"preferred leader with a space", func(c *Config) { external(c); c.Assets.PreferredLeader = "nats w" }, "assets.preferred_leader", "NATS server name"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -263,4 +267,41 @@ func writeTestCert(t *testing.T, dir string) (string, string, string) {
 		t.Fatal(err)
 	}
 	return cert, cert, key
+}
+
+func TestConfigPreferredLeaderAndDetectionTime(t *testing.T) {
+	c := validConfig(t)
+	c.NATS.URL = "nats://a:4222,nats://b:4222,nats://w:4222"
+	c.Assets.PreferredLeader = "nats-w"
+	s, err := c.resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.preferredLeader != "nats-w" || s.replicas != DefaultExternalReplicas {
+		t.Errorf("preferred leader %q with replicas %d; want nats-w with %d", s.preferredLeader, s.replicas, DefaultExternalReplicas)
+	}
+	if s.deadAfter != DefaultDeadAfter {
+		t.Errorf("detection time without pairs: %s, want %s", s.deadAfter, DefaultDeadAfter)
+	}
+}
+
+// A node notices a dead NATS server within the smallest heartbeat_timeout
+// of its pairs.
+func TestConfigDetectionTimeIsSmallestHeartbeat(t *testing.T) {
+	c := validConfig(t)
+	c.Node = "site-a"
+	for i, hb := range []time.Duration{700 * time.Millisecond, 300 * time.Millisecond} {
+		r := fastRules(t, fmt.Sprintf("pair-%d", i))
+		ft, st := r.FailureThreshold, r.SuccessThreshold
+		pf := PairFile{Pair: r.Pair, Primary: r.Primary, Replica: r.Replica, HeartbeatTimeout: hb.String(),
+			FailureThreshold: &ft, SuccessThreshold: &st, FailoverTimeout: "10s", FenceGrace: r.FenceGrace.String()}
+		c.Pairs = append(c.Pairs, PairMember{PairFile: pf, Member: "site-a", Procedures: recordedProcedures()})
+	}
+	s, err := c.resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.deadAfter != 300*time.Millisecond {
+		t.Errorf("detection time %s, want the smallest heartbeat_timeout 300ms", s.deadAfter)
+	}
 }

@@ -3,10 +3,14 @@ package runtime
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"net/url"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -29,6 +33,55 @@ type ConnectOptions struct {
 	Retry RetryConfig
 	// Name identifies the connection in the server's monitoring.
 	Name string
+	// DeadAfter bounds how long a connection whose server stopped
+	// answering (a partition, not a closed socket) goes unnoticed: the
+	// client pings every DeadAfter/(MaxPingsOutstanding+1) and gives the
+	// server up after MaxPingsOutstanding unanswered pings, then moves to
+	// the next server of URL. Serve sets it to the smallest
+	// heartbeat_timeout of the node's pairs; zero means DefaultDeadAfter.
+	DeadAfter time.Duration
+	// HomeProbe is how often, while connected to any server but the first
+	// of URL (the node's own site's), the client checks whether the first
+	// one answers again, to move back to it. Zero means DefaultHomeProbe;
+	// negative turns the return off. Unused with a single URL.
+	HomeProbe time.Duration
+}
+
+// Dead-connection detection and the return to the first server.
+const (
+	// DefaultDeadAfter is ConnectOptions.DeadAfter of a node with no pairs.
+	DefaultDeadAfter = 2 * time.Second
+	// MaxPingsOutstanding is how many pings may go unanswered before the
+	// connection is given up: two, so that one pong delayed by a busy link
+	// is no reason to leave a server.
+	MaxPingsOutstanding = 2
+	// DefaultHomeProbe paces the checks of the first server while away.
+	DefaultHomeProbe = 5 * time.Second
+	// homeProbesNeeded consecutive answers of the first server bring the
+	// client back: one answer after a partition may be a flap.
+	homeProbesNeeded = 2
+	minPingInterval  = 10 * time.Millisecond
+)
+
+// pingInterval is the client ping period that detects a dead server within
+// deadAfter (see ConnectOptions.DeadAfter).
+func pingInterval(deadAfter time.Duration) time.Duration {
+	return max(deadAfter/(MaxPingsOutstanding+1), minPingInterval)
+}
+
+// dialTimeoutFor bounds a dial (TCP, TLS and the NATS handshake): a server
+// that does not answer within the detection time is not worth more, but
+// a cross-site TLS handshake needs some room.
+func dialTimeoutFor(deadAfter time.Duration) time.Duration {
+	return min(max(deadAfter, 500*time.Millisecond), 2*time.Second)
+}
+
+// jetStreamTimeout is the timeout of JetStream API calls made without a
+// deadline of their own (jetstream.WithDefaultTimeout; nats.go's default is
+// 5 s): twice the detection time, within [1s, 5s]. The member's writes
+// carry their own deadline (heartbeat_timeout) and are not affected.
+func jetStreamTimeout(deadAfter time.Duration) time.Duration {
+	return min(max(2*deadAfter, time.Second), 5*time.Second)
 }
 
 // Connect opens a connection to NATS, retrying until it succeeds or ctx is
@@ -41,7 +94,17 @@ type ConnectOptions struct {
 // ctx's error.
 //
 // Once connected, the client reconnects by itself forever (nats.go's
-// reconnect logic); disconnections and reconnections are logged.
+// reconnect logic); disconnections and reconnections are logged. The
+// servers of URL are tried in the order given (never shuffled): list the
+// node's own site's server first. A server that stops answering is given
+// up within DeadAfter, logged as "nats server not answering, moving to
+// the next server", and the client moves to the next server of the list;
+// while it is away from the first one, it checks every HomeProbe whether
+// that one answers again and then moves back (see HomeProbe).
+//
+// Publishes made while reconnecting fail at once instead of being
+// buffered and sent after the reconnection: a heartbeat write its member
+// already gave up must not land seconds later.
 func Connect(ctx context.Context, o ConnectOptions, log *slog.Logger) (*nats.Conn, error) {
 	retry := o.Retry
 	if retry.Initial <= 0 {
@@ -50,23 +113,42 @@ func Connect(ctx context.Context, o ConnectOptions, log *slog.Logger) (*nats.Con
 	if retry.Max < retry.Initial {
 		retry.Max = max(DefaultRetryMax, retry.Initial)
 	}
+	deadAfter := o.DeadAfter
+	if deadAfter <= 0 {
+		deadAfter = DefaultDeadAfter
+	}
 	url := redactURLs(o.URL)
 	log = log.With("component", "nats-client")
-	dialer := &ctxDialer{ctx: ctx, d: net.Dialer{Timeout: 2 * time.Second}}
+	dialTimeout := dialTimeoutFor(deadAfter)
+	dialer := &ctxDialer{ctx: ctx, d: net.Dialer{Timeout: dialTimeout}}
+	home := newHomeward(o, deadAfter, dialer, log)
 	opts := []nats.Option{
 		nats.Name(o.Name),
 		nats.SetCustomDialer(dialer),
-		nats.Timeout(2 * time.Second),
+		nats.Timeout(dialTimeout),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(retry.Initial),
+		nats.ReconnectJitter(retry.Initial/2, retry.Initial/2),
+		nats.DontRandomize(),
+		nats.PingInterval(pingInterval(deadAfter)),
+		nats.MaxPingsOutstanding(MaxPingsOutstanding),
+		nats.ReconnectBufSize(-1),
+		nats.ReconnectToServer(home.pick),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil {
-				log.Warn("nats disconnected", "error", err)
+			from, server := home.last()
+			switch {
+			case errors.Is(err, nats.ErrStaleConnection):
+				log.Warn("nats server not answering, moving to the next server", "url", from, "server", server,
+					"detect_within", deadAfter, "ping_interval", pingInterval(deadAfter), "error", err)
+			case err != nil:
+				log.Warn("nats disconnected", "url", from, "server", server, "error", err)
 			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
-			log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted())
+			home.connected(nc)
+			log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted(), "server", nc.ConnectedServerName())
 		}),
+		nats.ClosedHandler(func(*nats.Conn) { home.stop() }),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
 			subject := ""
 			if sub != nil {
@@ -90,7 +172,10 @@ func Connect(ctx context.Context, o ConnectOptions, log *slog.Logger) (*nats.Con
 		nc, err := nats.Connect(o.URL, opts...)
 		if err == nil {
 			dialer.detached.Store(true)
-			log.Info("nats connected", "url", nc.ConnectedUrlRedacted(), "server", nc.ConnectedServerName(), "attempt", attempt)
+			home.connected(nc)
+			home.start(nc)
+			log.Info("nats connected", "url", nc.ConnectedUrlRedacted(), "server", nc.ConnectedServerName(), "attempt", attempt,
+				"detect_within", deadAfter)
 			return nc, nil
 		}
 		if ctx.Err() != nil {
@@ -129,4 +214,174 @@ func (c *ctxDialer) Dial(network, address string) (net.Conn, error) {
 		return c.d.Dial(network, address)
 	}
 	return c.d.DialContext(c.ctx, network, address)
+}
+
+// homeward brings the client back to the first server of its URL list,
+// the node's own site's. nats.go moves on to the next server when one
+// fails, but never back by itself: a client that left its own site's
+// server would stay on a remote one until that one failed too. While away,
+// homeward connects to the first server on the side every probe period;
+// after homeProbesNeeded answers in a row it forces a reconnection and,
+// through nats.ReconnectToServer, makes the first server the one dialled.
+type homeward struct {
+	log     *slog.Logger
+	home    string // host:port of the first URL; "" when there is nothing to return to
+	homeURL string // the first URL as given, to dial
+	shown   string // the first URL, redacted
+	probe   time.Duration
+	wait    time.Duration // for a probe's dial and its PONG
+	opts    []nats.Option // of a probe connection
+
+	goHome atomic.Bool // the next reconnection dials home
+
+	mu         sync.Mutex
+	lastURL    string // the connected server's URL, redacted, as last seen
+	lastServer string
+	done       chan struct{}
+	stopped    bool
+}
+
+func newHomeward(o ConnectOptions, deadAfter time.Duration, dialer nats.CustomDialer, log *slog.Logger) *homeward {
+	h := &homeward{log: log, probe: o.HomeProbe, done: make(chan struct{})}
+	if h.probe == 0 {
+		h.probe = DefaultHomeProbe
+	}
+	urls := strings.Split(o.URL, ",")
+	if len(urls) < 2 || h.probe < 0 {
+		return h
+	}
+	h.homeURL = strings.TrimSpace(urls[0])
+	u, err := url.Parse(h.homeURL)
+	if err != nil {
+		return h
+	}
+	h.home, h.shown = hostKey(u), u.Redacted()
+	h.wait = dialTimeoutFor(deadAfter)
+	h.opts = []nats.Option{
+		nats.Name(o.Name + " (probe of the first server)"),
+		nats.SetCustomDialer(dialer),
+		nats.Timeout(h.wait),
+		nats.NoReconnect(),
+		nats.IgnoreDiscoveredServers(),
+	}
+	if o.User != "" {
+		h.opts = append(h.opts, nats.UserInfo(o.User, o.Password))
+	}
+	if o.Creds != "" {
+		h.opts = append(h.opts, nats.UserCredentials(o.Creds))
+	}
+	if o.TLS != nil {
+		h.opts = append(h.opts, nats.Secure(o.TLS))
+	}
+	return h
+}
+
+// hostKey is host:port with nats.go's default ports filled in, the way
+// nats.go keys its server pool.
+func hostKey(u *url.URL) string {
+	port := u.Port()
+	if port == "" {
+		switch u.Scheme {
+		case "ws":
+			port = "80"
+		case "wss":
+			port = "443"
+		default:
+			port = "4222"
+		}
+	}
+	return net.JoinHostPort(strings.ToLower(u.Hostname()), port)
+}
+
+func (h *homeward) isHome(raw string) bool {
+	u, err := url.Parse(raw)
+	return err == nil && hostKey(u) == h.home
+}
+
+// connected records the server nc is connected to, for the logs.
+func (h *homeward) connected(nc *nats.Conn) {
+	h.mu.Lock()
+	h.lastURL, h.lastServer = nc.ConnectedUrlRedacted(), nc.ConnectedServerName()
+	h.mu.Unlock()
+}
+
+func (h *homeward) last() (url, server string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lastURL, h.lastServer
+}
+
+// pick is the nats.ReconnectToServer callback: the first server when a
+// return home was asked for, else nats.go's own choice (the next one).
+func (h *homeward) pick(servers []nats.Server, _ nats.ServerInfo) (*nats.Server, time.Duration) {
+	if !h.goHome.Swap(false) {
+		return nil, 0
+	}
+	for i := range servers {
+		if servers[i].URL != nil && hostKey(servers[i].URL) == h.home {
+			return &servers[i], 0
+		}
+	}
+	return nil, 0
+}
+
+// start runs the probes of the first server until nc is closed.
+func (h *homeward) start(nc *nats.Conn) {
+	if h.home == "" {
+		return
+	}
+	go h.run(nc)
+}
+
+func (h *homeward) stop() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.stopped {
+		h.stopped = true
+		close(h.done)
+	}
+}
+
+func (h *homeward) run(nc *nats.Conn) {
+	t := time.NewTicker(h.probe)
+	defer t.Stop()
+	answered := 0
+	for {
+		select {
+		case <-h.done:
+			return
+		case <-t.C:
+		}
+		cur := nc.ConnectedUrl()
+		if cur == "" || h.isHome(cur) {
+			answered = 0 // reconnecting (nats.go tries the first server itself), or at home
+			continue
+		}
+		if err := h.ping(); err != nil {
+			if answered > 0 {
+				h.log.Debug("nats first server stopped answering again", "url", h.shown, "error", err)
+			}
+			answered = 0
+			continue
+		}
+		if answered++; answered < homeProbesNeeded {
+			continue
+		}
+		answered = 0
+		h.log.Info("nats first server answers again, moving back to it", "from", redactURLs(cur), "to", h.shown)
+		h.goHome.Store(true)
+		if err := nc.ForceReconnect(); err != nil {
+			h.goHome.Store(false)
+		}
+	}
+}
+
+// ping connects to the first server on the side and round-trips a PING.
+func (h *homeward) ping() error {
+	pc, err := nats.Connect(h.homeURL, h.opts...)
+	if err != nil {
+		return err
+	}
+	defer pc.Close()
+	return pc.FlushTimeout(h.wait)
 }

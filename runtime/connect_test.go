@@ -135,3 +135,93 @@ func TestJitterStaysInBounds(t *testing.T) {
 		}
 	}
 }
+
+// The first server of the list stops answering without closing the
+// socket (a partition): the client notices within DeadAfter, logs it,
+// moves to the second server, and moves back to the first once that one
+// answers again.
+func TestConnectDetectsDeadServerAndReturnsHome(t *testing.T) {
+	log, rec := newLogRecorder(t)
+	home, other := startEmbedded(t, log), startEmbedded(t, log)
+	proxy, err := NewFaultProxy(home.srv.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	const deadAfter = 600 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc, err := Connect(ctx, ConnectOptions{
+		URL:       proxy.URL() + "," + other.ClientURL(),
+		Retry:     RetryConfig{Initial: 50 * time.Millisecond, Max: time.Second},
+		DeadAfter: deadAfter, HomeProbe: 100 * time.Millisecond, Name: "test",
+	}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if got := nc.ConnectedUrl(); got != proxy.URL() {
+		t.Fatalf("connected to %s, want the first server of the list %s", got, proxy.URL())
+	}
+
+	blocked := time.Now()
+	proxy.SetBlocked(true)
+	l := rec.waitFor(t, "nats server not answering, moving to the next server", 1, 5*time.Second)[0]
+	detected := time.Since(blocked)
+	if got := l.Attrs["url"].String(); got != proxy.URL() {
+		t.Errorf("detection logged url=%s, want %s", got, proxy.URL())
+	}
+	onOther := waitConnectedTo(t, nc, other.ClientURL(), 5*time.Second)
+	moved := onOther.Sub(blocked)
+	t.Logf("dead server detected after %s, on the other server after %s (DeadAfter %s, ping every %s)",
+		detected.Round(time.Millisecond), moved.Round(time.Millisecond), deadAfter, pingInterval(deadAfter))
+	if detected > deadAfter+300*time.Millisecond {
+		t.Errorf("detected after %s, want within DeadAfter %s (+300ms scheduling slack)", detected, deadAfter)
+	}
+	if moved > deadAfter+time.Second {
+		t.Errorf("on the other server after %s, want within DeadAfter %s + 1s", moved, deadAfter)
+	}
+	if err := nc.Publish("x", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.FlushTimeout(time.Second); err != nil {
+		t.Fatalf("connection to the other server does not work: %v", err)
+	}
+
+	healed := time.Now()
+	proxy.SetBlocked(false)
+	rec.waitFor(t, "nats first server answers again, moving back to it", 1, 5*time.Second)
+	back := waitConnectedTo(t, nc, proxy.URL(), 5*time.Second)
+	t.Logf("back on the first server %s after it answered again", back.Sub(healed).Round(time.Millisecond))
+	if err := nc.FlushTimeout(time.Second); err != nil {
+		t.Fatalf("connection back home does not work: %v", err)
+	}
+}
+
+// waitConnectedTo polls until nc is connected to url and returns when it was.
+func waitConnectedTo(t *testing.T, nc *nats.Conn, url string, timeout time.Duration) time.Time {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if nc.ConnectedUrl() == url {
+			return time.Now()
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("not connected to %s within %s (connected to %q)", url, timeout, nc.ConnectedUrl())
+	return time.Time{}
+}
+
+func TestPingIntervalDetectsWithinDeadAfter(t *testing.T) {
+	for _, d := range []time.Duration{200 * time.Millisecond, time.Second, DefaultDeadAfter} {
+		if p := pingInterval(d); time.Duration(MaxPingsOutstanding+1)*p > d {
+			t.Errorf("pingInterval(%s) = %s: %d unanswered pings take longer than %s", d, p, MaxPingsOutstanding+1, d)
+		}
+	}
+	if got := jetStreamTimeout(time.Second); got != 2*time.Second {
+		t.Errorf("jetStreamTimeout(1s) = %s, want 2s", got)
+	}
+	if got := jetStreamTimeout(time.Minute); got != 5*time.Second {
+		t.Errorf("jetStreamTimeout(1m) = %s, want 5s (nats.go's default, never more)", got)
+	}
+}
