@@ -95,15 +95,26 @@ func (p PairFile) Rules(allowUnsafe bool) (failover.Rules, error) {
 	return r, nil
 }
 
-// decodeStrict decodes YAML refusing unknown keys, so a typo is an error
-// rather than a silently ignored setting.
+// decodeStrict decodes one YAML document refusing unknown keys, so a typo
+// is an error rather than a silently ignored setting. An empty file and a
+// second document ("---") are refused too: nothing in them would be read.
 func decodeStrict(data []byte, into any) error {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	if err := dec.Decode(into); err != nil && !errors.Is(err, io.EOF) {
+	if err := dec.Decode(into); err != nil {
+		if errors.Is(err, io.EOF) {
+			return errors.New("the file is empty (or only comments): write the settings, even if only the required ones")
+		}
 		return err
 	}
-	return nil
+	var rest yaml.Node
+	switch err := dec.Decode(&rest); {
+	case errors.Is(err, io.EOF):
+		return nil
+	case err != nil:
+		return fmt.Errorf("after the first document: %w", err)
+	}
+	return fmt.Errorf("line %d: a second YAML document (after ---): one document per file; it would be ignored", rest.Line)
 }
 
 // LoadPairFile reads and validates a pair file.

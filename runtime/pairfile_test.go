@@ -440,3 +440,25 @@ func TestNodeFileMissingPairFile(t *testing.T) {
 		t.Errorf("missing pair file: %v", err)
 	}
 }
+
+// A second YAML document in a node or pair file would be ignored (typos
+// included), and an empty node file would start a node on all defaults:
+// both are refused, naming the file and the rule.
+func TestFilesRefuseSecondDocumentAndEmptiness(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct{ name, body, want string }{
+		{"second document", "node: site-a\n---\nnode: site-b\nhttp: typo\n", "line 2: a second YAML document (after ---)"},
+		{"second empty-ish document", "node: site-a\n---\nfailover_timout: 9s\n", "a second YAML document"},
+		{"empty", "", "the file is empty"},
+		{"comments only", "# nothing here\n", "the file is empty"},
+	} {
+		path := writeFile(t, dir, tc.name+".yaml", tc.body)
+		if _, err := LoadConfigFile(path); err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), path) {
+			t.Errorf("node file, %s: %v", tc.name, err)
+		}
+	}
+	path := writeFile(t, dir, "pair.yaml", "pair: pg-main\nprimary: site-a\nreplica: site-b\n---\nfailover_timeout: 1s\n")
+	if _, err := LoadPairFile(path, false); err == nil || !strings.Contains(err.Error(), "a second YAML document") {
+		t.Errorf("pair file with a second document: %v", err)
+	}
+}
