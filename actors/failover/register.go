@@ -82,7 +82,7 @@ func EncodeLeader(l Leader) []byte { return mustMarshal(l) }
 // DecodeLeader reads a leadership register value.
 func DecodeLeader(b []byte) (Leader, error) {
 	var l Leader
-	if err := events.UnmarshalValue(b, &l); err != nil {
+	if err := decodeValue(b, &l); err != nil {
 		return Leader{}, fmt.Errorf("decode leader register: %w", err)
 	}
 	return l, nil
@@ -131,7 +131,7 @@ func EncodeHeartbeat(h Heartbeat) []byte { return mustMarshal(h) }
 // DecodeHeartbeat reads a member heartbeat value.
 func DecodeHeartbeat(b []byte) (Heartbeat, error) {
 	var h Heartbeat
-	if err := events.UnmarshalValue(b, &h); err != nil {
+	if err := decodeValue(b, &h); err != nil {
 		return Heartbeat{}, fmt.Errorf("decode heartbeat: %w", err)
 	}
 	return h, nil
@@ -143,7 +143,7 @@ func EncodeSwitchover(s Switchover) []byte { return mustMarshal(s) }
 // DecodeSwitchover reads a switchover request.
 func DecodeSwitchover(b []byte) (Switchover, error) {
 	var s Switchover
-	if err := events.UnmarshalValue(b, &s); err != nil {
+	if err := decodeValue(b, &s); err != nil {
 		return Switchover{}, fmt.Errorf("decode switchover: %w", err)
 	}
 	s.Requested = s.Requested.UTC()
@@ -156,10 +156,23 @@ func EncodeRules(r Rules) []byte { return mustMarshal(r) }
 // DecodeRules reads rules from ConfigKey without validating them.
 func DecodeRules(b []byte) (Rules, error) {
 	var r Rules
-	if err := events.UnmarshalValue(b, &r); err != nil {
+	if err := decodeValue(b, &r); err != nil {
 		return Rules{}, fmt.Errorf("decode rules: %w", err)
 	}
 	return r, nil
+}
+
+// MaxValueSize bounds a pair's KV values as read: a register, heartbeat,
+// switchover request or rules value is a few hundred bytes, so anything
+// larger is not one (nesting is bounded by events.UnmarshalValue).
+const MaxValueSize = 16 << 10
+
+// decodeValue decodes a pair's KV value with bounded size and depth.
+func decodeValue(b []byte, v any) error {
+	if len(b) > MaxValueSize {
+		return fmt.Errorf("%w: %d bytes, more than the %d a pair's value may have", events.ErrCorrupt, len(b), MaxValueSize)
+	}
+	return events.UnmarshalValue(b, v)
 }
 
 func mustMarshal(v any) []byte {
