@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -52,6 +53,11 @@ type AgentConfig struct {
 	RetryBase, RetryMax time.Duration
 	// PresenceInterval is how often presence.<agent> is written.
 	PresenceInterval time.Duration
+	// StateDir holds what the agent must remember across its own crashes
+	// (mode 0700): the resources it manages and their last specs, the
+	// processes it started, the files it wrote. Default:
+	// DefaultDataDir()/agent/<id>.
+	StateDir string
 }
 
 // DefaultAgentCallTimeout is AgentConfig.CallTimeout's default.
@@ -72,6 +78,9 @@ func (c *AgentConfig) defaults() {
 	}
 	if c.PresenceInterval <= 0 {
 		c.PresenceInterval = 10 * time.Second
+	}
+	if c.StateDir == "" && c.ID != "" {
+		c.StateDir = filepath.Join(DefaultDataDir(), "agent", c.ID)
 	}
 }
 
@@ -121,7 +130,7 @@ func AgentRegistry(cfg AgentConfig, proc *resources.Process) resources.Registry 
 // connection for both, kept in that process), closed by the agent's stop.
 func agentRegistry(cfg AgentConfig, proc *resources.Process, logger *slog.Logger) (resources.Registry, *libvirt.DriverProcess) {
 	reg := resources.Registry{}
-	reg.Register(resources.File{})
+	reg.Register(resources.NewFile(cfg.ID, cfg.StateDir))
 	reg.Register(proc)
 	reg.Register(&resources.ShellJob{Allowed: cfg.AllowShellJobs})
 	uri := cfg.LibvirtURI

@@ -79,7 +79,7 @@ func startAgentBench(b *testing.B) *agentBench {
 		}
 	}()
 	// Drift checks stay out of the measurement: once an hour.
-	a, err := StartAgent(ctx, nc, names.FleetBucket, names.EventsStream, AgentConfig{ID: ab.id, ObserveInterval: time.Hour}, slog.New(slog.DiscardHandler))
+	a, err := StartAgent(ctx, nc, names.FleetBucket, names.EventsStream, AgentConfig{ID: ab.id, ObserveInterval: time.Hour, StateDir: b.TempDir()}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		b.Fatal(err)
 	}

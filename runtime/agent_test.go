@@ -40,6 +40,9 @@ func startAgentWorld(t *testing.T, cfg AgentConfig) *agentWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if cfg.StateDir == "" {
+		cfg.StateDir = t.TempDir()
+	}
 	a, err := StartAgent(ctx, nc, fn.names.FleetBucket, fn.names.EventsStream, cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
@@ -355,20 +358,28 @@ func TestAgentSlowResourceHoldsUpNothing(t *testing.T) {
 // A delete that fails is reported and retried until it succeeds: what a
 // manifest dropped is never forgotten.
 func TestAgentRetriesAFailedDelete(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to give a symbolic link away")
+	}
 	w := startAgentWorld(t, AgentConfig{ID: "n7", ObserveInterval: time.Hour, RetryBase: 50 * time.Millisecond, RetryMax: 100 * time.Millisecond})
 	dir := t.TempDir()
-	motd := filepath.Join(dir, "motd")
+	motd := filepath.Join(dir, "etc", "motd")
 	keep := filepath.Join(dir, "keep")
 	m1 := w.apply(agent.Manifest{Resources: []agent.Resource{
 		res("motd", "file", map[string]any{"path": motd, "content": "hi\n"}),
 		res("keep", "file", map[string]any{"path": keep, "content": "x\n"}),
 	}})
 	w.waitStatus("converged", func(s agent.Status) bool { return s.ManifestGeneration == m1.Generation && s.Converged() })
-	// A non-empty directory where the file was: removing it fails.
-	if err := os.Remove(motd); err != nil {
+	// The file's directory becomes a symbolic link of an unprivileged
+	// user's: the agent refuses to delete through it.
+	real := filepath.Join(dir, "real")
+	if err := os.Rename(filepath.Dir(motd), real); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(filepath.Join(motd, "sub"), 0o755); err != nil {
+	if err := os.Symlink(real, filepath.Dir(motd)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Lchown(filepath.Dir(motd), 1000, 1000); err != nil {
 		t.Fatal(err)
 	}
 	m := w.apply(agent.Manifest{Resources: []agent.Resource{res("keep", "file", map[string]any{"path": keep, "content": "x\n"})}})
@@ -376,20 +387,20 @@ func TestAgentRetriesAFailedDelete(t *testing.T) {
 		r := s.Resources["motd"]
 		return s.ManifestGeneration == m.Generation && r.Phase == agent.Failed && r.Failures >= 2
 	})
-	if e := s.Resources["motd"].Error; !strings.Contains(e, "delete failed") || !strings.Contains(e, "directory not empty") {
+	if e := s.Resources["motd"].Error; !strings.Contains(e, "delete failed") || !strings.Contains(e, "refusing to follow it") {
 		t.Errorf("error %q", e)
 	}
 	if s.Converged() {
 		t.Error("converged while a dropped resource is still there")
 	}
-	if err := os.Remove(filepath.Join(motd, "sub")); err != nil {
+	if err := os.Lchown(filepath.Dir(motd), 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	w.waitStatus("deleted at last", func(s agent.Status) bool {
 		_, has := s.Resources["motd"]
 		return !has && s.Converged() && s.ObservedGeneration == m.Generation
 	})
-	if _, err := os.Stat(motd); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(real, "motd")); !os.IsNotExist(err) {
 		t.Errorf("motd still there: %v", err)
 	}
 }

@@ -50,7 +50,7 @@ resources:
 }
 
 func TestValidate(t *testing.T) {
-	reg := resources.Registry{"file": resources.File{}}
+	reg := resources.Registry{"file": &resources.File{}}
 	for _, tc := range []struct {
 		yaml, want string
 		strict     bool
@@ -105,7 +105,7 @@ func TestValidateRefusesTwoResourcesManagingOneThing(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = m.Validate(reg, true)
-	if err == nil || err.Error() != "manifest: resources[2].spec: manages vm web, as resources[0] (web) does: two resources cannot manage one thing; give one of them another name" {
+	if err == nil || err.Error() != "manifest: resources[2].spec: web2 manages vm web, as resources[0] (web) does: two resources cannot manage one thing; give one of them another name" {
 		t.Fatalf("%v", err)
 	}
 	m.Resources[2].Spec = map[string]any{"name": "lab"}
@@ -136,5 +136,19 @@ func TestStatusConvergedAndSettled(t *testing.T) {
 	s.Resources["b"] = ResourceStatus{Phase: Ready, Generation: 1}
 	if s.Converged() || s.Settled() {
 		t.Error("a resource of an older generation: neither")
+	}
+}
+
+// Finding: two file resources of one path were accepted and fought over
+// it (both Ready). They are refused, naming both ids.
+func TestValidateRefusesTwoFilesOfOnePath(t *testing.T) {
+	reg := resources.Registry{"file": &resources.File{}}
+	m, err := ParseManifestYAML([]byte("agent: n1\nresources:\n  - {id: motd, kind: file, spec: {path: /etc/motd, content: a}}\n  - {id: banner, kind: file, spec: {path: /etc/motd, content: b}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = m.Validate(reg, true)
+	if err == nil || err.Error() != "manifest: resources[1].spec: banner manages file /etc/motd, as resources[0] (motd) does: two resources cannot manage one thing; give one of them another name" {
+		t.Fatalf("%v", err)
 	}
 }

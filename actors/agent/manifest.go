@@ -113,7 +113,7 @@ func (m Manifest) Validate(reg resources.Registry, strict bool) error {
 				continue
 			}
 			if j, dup := named[key]; dup {
-				return &ManifestError{f("spec"), fmt.Sprintf("manages %s, as resources[%d] (%s) does: two resources cannot manage one thing; give one of them another name", key[1], j, m.Resources[j].ID)}
+				return &ManifestError{f("spec"), fmt.Sprintf("%s manages %s, as resources[%d] (%s) does: two resources cannot manage one thing; give one of them another name", r.ID, key[1], j, m.Resources[j].ID)}
 			}
 			named[key] = i
 		}

@@ -62,8 +62,12 @@ func TestFileSpecRules(t *testing.T) {
 		{Spec{"path": "/a", "content": "x", "sha256": strings.Repeat("0", 64)}, "sha256: does not match content"},
 		{Spec{"path": "/a", "content": "x", "owner": "no-such-user-here"}, "owner: no user no-such-user-here"},
 		{Spec{"path": "/a", "content": "x", "colour": "red"}, "colour: unknown field"},
+		{Spec{"path": "/", "content": "x"}, "path: must name a file, not the root directory"},
+		{Spec{"path": "/a", "content": "x", "max_size": "lots"}, "max_size: must be a size in bytes such as 65536 or 64MiB (got lots)"},
+		{Spec{"path": "/a", "content": "xx", "max_size": 1}, "max_size: must be at least the content's 2 bytes"},
+		{Spec{"path": "/a", "sha256": strings.Repeat("0", 64), "max_size": "2TiB"}, "max_size: must be from 1 byte to 1TiB"},
 	} {
-		err := File{}.Validate(tc.spec)
+		err := (&File{}).Validate(tc.spec)
 		var se *SpecError
 		if !errors.As(err, &se) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: %v, want %q", tc.spec, err, tc.want)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -158,6 +159,44 @@ func (r *SpecReader) Duration(field string, def time.Duration) time.Duration {
 		return def
 	}
 	return d
+}
+
+// Size reads a number of bytes: a whole number, or a string such as
+// "512KiB", "64MiB", "1GiB" (KiB, MiB, GiB, TiB; or plain digits); def
+// when absent.
+func (r *SpecReader) Size(field string, def int64) int64 {
+	v, ok := r.Get(field)
+	if !ok {
+		return def
+	}
+	bad := func() int64 {
+		r.Fail(field, fmt.Sprintf("must be a size in bytes such as 65536 or 64MiB (got %v)", v))
+		return def
+	}
+	switch x := v.(type) {
+	case int:
+		if x < 0 {
+			return bad()
+		}
+		return int64(x)
+	case string:
+		num, unit := x, int64(1)
+		for _, u := range []struct {
+			suffix string
+			n      int64
+		}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}} {
+			if n, ok := strings.CutSuffix(x, u.suffix); ok {
+				num, unit = n, u.n
+				break
+			}
+		}
+		n, err := strconv.ParseInt(num, 10, 64)
+		if err != nil || n < 0 || n > (1<<50)/unit {
+			return bad()
+		}
+		return n * unit
+	}
+	return bad()
 }
 
 // OneOf reads a string that must be one of allowed; def when absent.
