@@ -1,11 +1,14 @@
 package resources
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,17 +25,41 @@ const DefaultInitTimeout = 300 * time.Second
 // when it is found not running (restart: always; on-failure: only after a
 // non-zero exit; never). Processes run in their own process group; Delete
 // and StopAll end the group.
+//
+// A service is tied to the agent: it gets SIGTERM when the agent's process
+// dies (PR_SET_PDEATHSIG), unless its spec says detach: true. Every
+// service started is recorded in StateDir/processes/<id> (pid, start
+// time, boot, spec): an agent started after a crash adopts a service that
+// still runs instead of starting it twice, and stops it when the resource
+// is deleted or its spec changed.
 type Process struct {
+	// StateDir holds the records of the services started ("": none kept).
+	StateDir string
+
 	mu    sync.Mutex
 	procs map[string]*proc
 }
 
 type proc struct {
 	key   string
-	cmd   *exec.Cmd
+	cmd   *exec.Cmd // nil for a service adopted from its record
+	pid   int       // the service, leader of its process group
+	start uint64    // its start time (clock ticks after boot), with pid its identity
 	done  chan struct{}
-	exit  int
+	exit  int // -1: unknown (an adopted service)
 	inits []string
+	// detach: it outlives the agent; StopAll leaves it running.
+	detach bool
+}
+
+// processRecord is StateDir/processes/<id>.
+type processRecord struct {
+	PID   int      `json:"pid"`
+	Start uint64   `json:"start_ticks"`
+	Boot  string   `json:"boot_id"`
+	Key   string   `json:"spec"`
+	Inits  []string `json:"init_completed,omitempty"`
+	Detach bool     `json:"detach,omitempty"`
 }
 
 type initStep struct {
@@ -47,6 +74,7 @@ type processSpec struct {
 	Env     map[string]string
 	Dir     string
 	Restart string
+	Detach  bool // outlives the agent's process (no PR_SET_PDEATHSIG)
 	Init    []initStep
 }
 
@@ -81,6 +109,7 @@ func (*Process) spec(spec Spec) (processSpec, error) {
 	s.Env = r.StrMap("env")
 	s.Dir = r.Str("dir", false)
 	s.Restart = r.OneOf("restart", "always", "always", "on-failure", "never")
+	s.Detach = r.Bool("detach", false)
 	names := map[string]bool{}
 	for i, st := range r.List("init") {
 		sr := r.Sub(fmt.Sprintf("init[%d].", i), st)
@@ -103,7 +132,11 @@ func (*Process) spec(spec Spec) (processSpec, error) {
 	return s, nil
 }
 
-func specKeyOf(s processSpec) string { return fmt.Sprintf("%q", s) }
+// specKeyOf is a stable text of a spec (json sorts map keys).
+func specKeyOf(s processSpec) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
 
 func (p *Process) Observe(_ context.Context, id string, spec Spec) (Observation, error) {
 	s, err := p.spec(spec)
@@ -116,7 +149,7 @@ func (p *Process) Observe(_ context.Context, id string, spec Spec) (Observation,
 }
 
 func (p *Process) observe(id string, s processSpec) Observation {
-	pr := p.procs[id]
+	pr := p.lookup(id)
 	if pr == nil {
 		return Observation{Drift: "not running"}
 	}
@@ -127,18 +160,111 @@ func (p *Process) observe(id string, s processSpec) Observation {
 	if len(pr.inits) > 0 {
 		d["init_completed"] = strings.Join(pr.inits, ",")
 	}
-	select {
-	case <-pr.done:
-		d["exit_code"] = strconv.Itoa(pr.exit)
-		if s.Restart == "never" || (s.Restart == "on-failure" && pr.exit == 0) {
-			d["services"] = ""
-			return Observation{InSync: true, Details: d}
-		}
-		return Observation{Drift: fmt.Sprintf("exited (code %d)", pr.exit), Details: d}
-	default:
-		d["pid"] = strconv.Itoa(pr.cmd.Process.Pid)
+	if pr.cmd == nil {
+		d["adopted"] = "true" // started by an earlier run of the agent
+	}
+	if !pr.exited() {
+		d["pid"] = strconv.Itoa(pr.pid)
 		return Observation{InSync: true, Details: d}
 	}
+	code := strconv.Itoa(pr.exit)
+	if pr.exit < 0 {
+		code = "unknown" // it was not this agent's child
+	}
+	d["exit_code"] = code
+	if s.Restart == "never" || (s.Restart == "on-failure" && pr.exit == 0) {
+		d["services"] = ""
+		return Observation{InSync: true, Details: d}
+	}
+	return Observation{Drift: fmt.Sprintf("exited (code %s)", code), Details: d}
+}
+
+// exited reports whether the service ended: its Wait returned, or (an
+// adopted service) its pid no longer names the process it recorded.
+func (pr *proc) exited() bool {
+	if pr.cmd != nil {
+		select {
+		case <-pr.done:
+			return true
+		default:
+			return false
+		}
+	}
+	start, err := procStart(pr.pid)
+	return err != nil || start != pr.start
+}
+
+// lookup returns the service of id: started by this agent, or adopted
+// from its record (p.mu held).
+func (p *Process) lookup(id string) *proc {
+	if pr := p.procs[id]; pr != nil {
+		return pr
+	}
+	if p.StateDir == "" {
+		return nil
+	}
+	path := p.recordPath(id)
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) > 64<<10 {
+		return nil
+	}
+	var rec processRecord
+	if json.Unmarshal(b, &rec) != nil || rec.PID <= 1 || rec.Boot != bootID() {
+		_ = os.Remove(path) // unreadable, or of another boot: nothing of it runs
+		return nil
+	}
+	if start, err := procStart(rec.PID); err != nil || start != rec.Start {
+		_ = os.Remove(path) // ended while the agent was away
+		return nil
+	}
+	pr := &proc{key: rec.Key, pid: rec.PID, start: rec.Start, exit: -1, inits: rec.Inits, detach: rec.Detach}
+	p.procs[id] = pr
+	return pr
+}
+
+func (p *Process) recordPath(id string) string { return filepath.Join(p.StateDir, "processes", id) }
+
+func (p *Process) record(id string, pr *proc) error {
+	if p.StateDir == "" {
+		return nil
+	}
+	b, _ := json.Marshal(processRecord{PID: pr.pid, Start: pr.start, Boot: bootID(), Key: pr.key, Inits: pr.inits, Detach: pr.detach})
+	return writeState(p.recordPath(id), b)
+}
+
+func (p *Process) forget(id string) {
+	if p.StateDir != "" {
+		_ = os.Remove(p.recordPath(id))
+	}
+}
+
+// procStart is the start time of process pid in clock ticks after boot
+// (field 22 of /proc/<pid>/stat): with the pid, a process's identity. A
+// zombie counts as gone.
+func procStart(pid int) (uint64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	if f[0] == "Z" || f[0] == "X" {
+		return 0, fmt.Errorf("process %d has exited", pid)
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}
+
+// bootID names this boot of the machine: a pid of another boot is another
+// process.
+func bootID() string {
+	b, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	return strings.TrimSpace(string(b))
 }
 
 func (p *Process) Reconcile(ctx context.Context, id string, spec Spec) (Observation, error) {
@@ -151,10 +277,11 @@ func (p *Process) Reconcile(ctx context.Context, id string, spec Spec) (Observat
 		p.mu.Unlock()
 		return o, nil
 	}
-	old := p.procs[id]
+	old := p.lookup(id)
 	delete(p.procs, id)
 	p.mu.Unlock()
 	stop(old)
+	p.forget(id)
 
 	var done []string
 	for _, st := range s.Init {
@@ -167,10 +294,17 @@ func (p *Process) Reconcile(ctx context.Context, id string, spec Spec) (Observat
 	cmd.Env = environ(s.Env)
 	cmd.Dir = s.Dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if !s.Detach {
+		cmd.SysProcAttr.Pdeathsig = syscall.SIGTERM
+	}
+	if err := ctx.Err(); err != nil {
+		return Observation{Drift: "not running"}, err
+	}
 	if err := cmd.Start(); err != nil {
 		return Observation{Drift: "not running"}, fmt.Errorf("start %s: %w", s.Command[0], err)
 	}
-	pr := &proc{key: specKeyOf(s), cmd: cmd, done: make(chan struct{}), inits: done}
+	pr := &proc{key: specKeyOf(s), cmd: cmd, pid: cmd.Process.Pid, done: make(chan struct{}), inits: done, detach: s.Detach}
+	pr.start, _ = procStart(pr.pid)
 	go func() {
 		err := cmd.Wait()
 		pr.exit = exitCode(err)
@@ -180,26 +314,38 @@ func (p *Process) Reconcile(ctx context.Context, id string, spec Spec) (Observat
 	p.procs[id] = pr
 	o := p.observe(id, s)
 	p.mu.Unlock()
+	if err := p.record(id, pr); err != nil {
+		// Running, but a restarted agent would not know it: say so.
+		return o, fmt.Errorf("started %s (pid %d), but cannot record it in %s: %w", s.Command[0], pr.pid, p.StateDir, err)
+	}
 	return o, nil
 }
 
+// Delete stops the service of id, started by this agent or by an earlier
+// run of it (its record).
 func (p *Process) Delete(_ context.Context, id string, _ Spec) error {
 	p.mu.Lock()
-	pr := p.procs[id]
+	pr := p.lookup(id)
 	delete(p.procs, id)
 	p.mu.Unlock()
 	stop(pr)
+	p.forget(id)
 	return nil
 }
 
-// StopAll ends every supervised process (the agent is stopping).
+// StopAll ends every supervised process but those that detach (the agent
+// is stopping): the next run of the agent adopts those from their records.
 func (p *Process) StopAll() {
 	p.mu.Lock()
 	procs := p.procs
 	p.procs = map[string]*proc{}
 	p.mu.Unlock()
-	for _, pr := range procs {
+	for id, pr := range procs {
+		if pr.detach && !pr.exited() {
+			continue
+		}
 		stop(pr)
+		p.forget(id)
 	}
 }
 
@@ -208,19 +354,34 @@ func stop(pr *proc) {
 	if pr == nil {
 		return
 	}
-	select {
-	case <-pr.done:
+	if pr.exited() {
 		return
-	default:
 	}
-	_ = syscall.Kill(-pr.cmd.Process.Pid, syscall.SIGTERM)
+	_ = syscall.Kill(-pr.pid, syscall.SIGTERM)
 	grace, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	select {
-	case <-pr.done:
-	case <-grace.Done():
-		_ = syscall.Kill(-pr.cmd.Process.Pid, syscall.SIGKILL)
-		<-pr.done
+	if pr.cmd != nil {
+		select {
+		case <-pr.done:
+		case <-grace.Done():
+			_ = syscall.Kill(-pr.pid, syscall.SIGKILL)
+			<-pr.done
+		}
+		return
+	}
+	// Adopted: not a child to wait for; its identity is checked before
+	// every signal, so a reused pid is never signalled.
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !pr.exited() {
+		select {
+		case <-tick.C:
+		case <-grace.Done():
+			if !pr.exited() {
+				_ = syscall.Kill(-pr.pid, syscall.SIGKILL)
+			}
+			return
+		}
 	}
 }
 
@@ -235,7 +396,7 @@ func runStep(ctx context.Context, id, name string, command []string, env map[str
 	cmd := exec.CommandContext(b.ctx, command[0], command[1:]...)
 	cmd.Env = environ(env)
 	cmd.Dir = dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 2 * time.Second
 	var out tail
