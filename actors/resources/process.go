@@ -54,10 +54,10 @@ type proc struct {
 
 // processRecord is StateDir/processes/<id>.
 type processRecord struct {
-	PID   int      `json:"pid"`
-	Start uint64   `json:"start_ticks"`
-	Boot  string   `json:"boot_id"`
-	Key   string   `json:"spec"`
+	PID    int      `json:"pid"`
+	Start  uint64   `json:"start_ticks"`
+	Boot   string   `json:"boot_id"`
+	Key    string   `json:"spec"`
 	Inits  []string `json:"init_completed,omitempty"`
 	Detach bool     `json:"detach,omitempty"`
 }
