@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/anthdm/hollywood/actor"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -837,5 +838,85 @@ func TestGarbageRegisterIsReplacedWithoutLoop(t *testing.T) {
 			t.Errorf("term %d held by %s and %s", le.Value.Term, h, le.Value.Site)
 		}
 		holders[le.Value.Term] = le.Value.Site
+	}
+}
+
+// stallingKV's first watch delivers the initial values and the end marker,
+// then nothing more while staying open: a stuck ordered consumer.
+type stallingKV struct {
+	events.KV
+	mu      sync.Mutex
+	watches int
+}
+
+type stalledWatch struct {
+	ch   chan events.Entry
+	once sync.Once
+}
+
+func (w *stalledWatch) Updates() <-chan events.Entry { return w.ch }
+func (w *stalledWatch) Stop() error {
+	w.once.Do(func() { close(w.ch) })
+	return nil
+}
+
+func (k *stallingKV) Watch(ctx context.Context, pattern string, opts events.WatchOptions) (events.Watcher, error) {
+	k.mu.Lock()
+	k.watches++
+	n := k.watches
+	k.mu.Unlock()
+	if n > 1 {
+		return k.KV.Watch(ctx, pattern, opts)
+	}
+	real, err := k.KV.Watch(ctx, pattern, opts)
+	if err != nil {
+		return nil, err
+	}
+	w := &stalledWatch{ch: make(chan events.Entry, 64)}
+	go func() {
+		defer real.Stop()
+		for e := range real.Updates() {
+			w.ch <- e
+			if e.Revision == 0 {
+				return // the initial values only
+			}
+		}
+	}()
+	return w, nil
+}
+
+// A watch that stops delivering while writes are acknowledged is noticed
+// within two heartbeats and replaced; the member goes on seeing its pair.
+func TestLaggingWatchIsReplaced(t *testing.T) {
+	t.Parallel()
+	fn := startFailoverNATS(t)
+	r := fastRules(t, "stuck-watch")
+	log, rec := newLogRecorder(t)
+	tr := newTransitions()
+	kv := &stallingKV{KV: fn.kv}
+	engine, err := actor.NewEngine(actor.NewEngineConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	deps := MemberDeps{Log: fn.evlog, KV: kv, Drivers: procedure.Drivers{"exec": &stepRecorder{}}, Logger: log, Observe: tr.observe}
+	pid := engine.Spawn(NewMemberActor(MemberConfig{Rules: r, Site: r.Primary, Procedures: recordedProcedures()}, deps), "member", actor.WithID("stuck"))
+	t.Cleanup(func() { <-engine.Poison(pid).Done() })
+	tr.waitFor(t, r.Primary, "failover.serving_started", 1, 5*time.Second)
+	lines := rec.waitFor(t, "kv watch lags behind acknowledged writes; watching afresh", 1, 10*r.HeartbeatTimeout)
+	kv.mu.Lock()
+	watches := kv.watches
+	kv.mu.Unlock()
+	if watches < 2 {
+		t.Errorf("%d watches after the lag was noticed", watches)
+	}
+	t.Logf("noticed: %v", lines[0])
+	// Served throughout: nothing made it fence.
+	time.Sleep(5 * r.HeartbeatTimeout)
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	for _, x := range tr.list {
+		if f, ok := x.Event.(*failover.FenceRequested); ok && f.Reason != failover.FenceRestart {
+			t.Errorf("fenced: %+v", f)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/anthdm/hollywood/actor"
@@ -86,9 +87,14 @@ type memberActor struct {
 	stopReason string
 	stopOnce   bool
 	// corruptRev is the latest register revision reported as corrupt
-	// (written from the watch and write goroutines).
+	// (written from the watch and write goroutines); acked the member's
+	// writes NATS acknowledged that the watch had not delivered at the
+	// last check, in order (bounded); delivered the latest revision the
+	// watch handed to the member.
 	mu         sync.Mutex
 	corruptRev uint64
+	acked      []ackedWrite
+	delivered  atomic.Uint64
 }
 
 // stop ends the member for good (its host may start a new one) and tells
@@ -161,6 +167,7 @@ func (a *memberActor) started(c *actor.Context) {
 	}
 	a.m = m
 	subject := failover.Subject(a.cfg.Rules.Pair, a.cfg.Site)
+	a.acked = make([]ackedWrite, 0, 64) // 64 heartbeats: far past the lag limit
 	a.app = newAppender(a.deps.Log, subject, a.log)
 	a.app.onConflict = func(err error) { a.engine.Send(a.pid, memberConflict{err}) }
 	a.app.onAppended = a.observed
@@ -345,6 +352,12 @@ func (a *memberActor) write(w failover.Write) {
 	res := failover.WriteResult{Op: w.Op, Err: failover.WriteErrOf(err), Revision: rev}
 	switch res.Err {
 	case failover.WriteOK:
+		a.mu.Lock()
+		if len(a.acked) == cap(a.acked) && len(a.acked) > 0 {
+			a.acked = append(a.acked[:0], a.acked[1:]...) // full: the newest matter too
+		}
+		a.acked = append(a.acked, ackedWrite{rev, time.Now()})
+		a.mu.Unlock()
 	case failover.WriteConflict:
 		if w.Key == failover.LeaderKey(a.cfg.Rules.Pair) {
 			// Tell the member who holds the register, so it can tell its own
@@ -386,18 +399,80 @@ func (a *memberActor) watch() {
 			continue
 		}
 		backoff = 100 * time.Millisecond
-		for e := range w.Updates() {
+		a.follow(w)
+		_ = w.Stop()
+	}
+}
+
+// follow feeds one watch to the member until it ends or lags: a write
+// acknowledged more than lagLimit ago that the watch has not delivered
+// means the watch is stuck (an ordered consumer notices a lost stream
+// leader only at its idle heartbeat, seconds later), and the member would
+// see neither its own heartbeats nor the register. Then it returns, and
+// the caller watches afresh. A fresh watch delivers the current value of
+// every key first: what was delivered already is skipped, so the member
+// sees every revision once, in order.
+func (a *memberActor) follow(w events.Watcher) {
+	check := time.NewTicker(a.cfg.Rules.HeartbeatTimeout / 2)
+	defer check.Stop()
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return
+			}
 			if e.Revision == 0 {
 				a.engine.Send(a.pid, memberInput{failover.Synced{}})
 				continue
 			}
+			if e.Revision <= a.delivered.Load() {
+				continue
+			}
+			a.delivered.Store(e.Revision)
 			if in := a.input(e); in != nil {
 				a.engine.Send(a.pid, memberInput{in})
 			}
+		case <-check.C:
+			if w, lagging := a.oldestUndelivered(); lagging {
+				a.log.Warn("kv watch lags behind acknowledged writes; watching afresh",
+					"acked_revision", w.rev, "delivered_revision", a.delivered.Load(), "acked_ago", time.Since(w.at))
+				return
+			}
+		case <-a.ctx.Done():
+			return
 		}
-		_ = w.Stop()
 	}
 }
+
+// oldestUndelivered drops the acknowledged writes the watch has delivered
+// and reports the oldest of the others, and whether it has waited longer
+// than lagLimit (it is then forgotten: one fresh watch per lagging write).
+func (a *memberActor) oldestUndelivered() (ackedWrite, bool) {
+	delivered := a.delivered.Load()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	i := 0
+	for i < len(a.acked) && a.acked[i].rev <= delivered {
+		i++
+	}
+	a.acked = append(a.acked[:0], a.acked[i:]...)
+	if len(a.acked) == 0 || time.Since(a.acked[0].at) <= a.lagLimit() {
+		return ackedWrite{}, false
+	}
+	w := a.acked[0]
+	a.acked = a.acked[:0]
+	return w, true
+}
+
+// ackedWrite is a write of this member that NATS acknowledged.
+type ackedWrite struct {
+	rev uint64
+	at  time.Time
+}
+
+// lagLimit is how long an acknowledged write may stay undelivered by the
+// watch: two heartbeats.
+func (a *memberActor) lagLimit() time.Duration { return 2 * a.cfg.Rules.HeartbeatTimeout }
 
 // input turns a KV entry of the pair into a member input (nil: not one,
 // or a heartbeat or switchover value that does not decode, which is logged
