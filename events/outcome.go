@@ -1,6 +1,7 @@
 package events
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -26,4 +27,27 @@ func AppendAckConflict(last uint64, msgID string, ack Ack) error {
 // through it, so a simulated refusal is classified exactly as a real one.
 func APIError(code int, description string) error {
 	return mapJetStreamError(&jetstream.APIError{Code: 400, ErrorCode: jetstream.ErrorCode(code), Description: description})
+}
+
+// KVAPIError is the error a KV write gets when the server refuses it with
+// numeric error code code, as nats.go's KV client hands it over — Create
+// and Update wrap a wrong-last-sequence answer (10071, or 10164) with
+// their own sentinels (ErrKeyExists, ErrKeyRevisionMismatch) — mapped as
+// every KV call here maps it. create selects Create, otherwise Update.
+// The simulator's server answers KV refusals through it, so the order in
+// which the mapping looks at codes and sentinels is exercised too.
+func KVAPIError(create bool, code int, description string) error {
+	api := &jetstream.APIError{Code: 400, ErrorCode: jetstream.ErrorCode(code), Description: description}
+	var err error = api
+	wrongLast := code == int(jetstream.JSErrCodeStreamWrongLastSequence) || code == int(jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+	switch {
+	case !wrongLast:
+	case create && errors.Is(api, jetstream.ErrKeyExists):
+		err = fmt.Errorf("%w: key exists", api)
+	case create:
+		err = fmt.Errorf("%w: %w", api, jetstream.ErrKeyExists)
+	default:
+		err = fmt.Errorf("%w: %w", api, jetstream.ErrKeyRevisionMismatch)
+	}
+	return mapJetStreamError(err)
 }

@@ -17,9 +17,14 @@ func (s *sim) faultStart(i int) {
 		delta = 1
 	}
 	s.inv.faultEvent(s, scope, delta)
-	if f.Site == NATS {
+	switch {
+	case f.Kind == FaultIsolate:
+		s.isolate(f.Site, 1)
+	case f.Kind == FaultLeader:
+		s.moveLeader(f.Site)
+	case f.Site == NATS:
 		s.natsDown(f.Kind == FaultPowerCut)
-	} else {
+	default:
 		n := s.nodeBySite(f.Site)
 		switch f.Kind {
 		case FaultPartition, FaultStall, FaultLoss, FaultLatency:
@@ -48,6 +53,8 @@ func (s *sim) faultStart(i int) {
 		case FaultServerClock:
 		case FaultProc:
 			n.proc[f.Chain][f.Mode]++
+		case FaultWatchLag:
+			s.cl.lag[n.idx] += f.Value
 		case FaultSwitchover:
 			s.switchover(f.Site)
 		}
@@ -66,6 +73,10 @@ func (s *sim) faultEnd(i int) {
 	f := s.faults[i]
 	s.tracef("fault", "%s ends", f)
 	s.inv.faultEvent(s, s.scope(f.Site), -1)
+	if f.Kind == FaultIsolate {
+		s.isolate(f.Site, -1)
+		return
+	}
 	if f.Site == NATS {
 		s.natsHolds--
 		if s.natsHolds == 0 {
@@ -91,6 +102,8 @@ func (s *sim) faultEnd(i int) {
 		}
 	case FaultProc:
 		n.proc[f.Chain][f.Mode]--
+	case FaultWatchLag:
+		s.cl.lag[n.idx] -= f.Value
 	}
 }
 
@@ -119,14 +132,22 @@ func (s *sim) linkFault(n *node, f Fault, delta int) {
 			continue
 		}
 		wasClear := d.clear()
-		switch f.Kind {
-		case FaultPartition:
+		switch {
+		case f.Kind == FaultPartition && up:
+			// The connection is broken: the NATS client buffers what the
+			// member publishes (its reconnect buffer) and flushes it when
+			// it reconnects — writes the member gave up on land then.
+			d.buffer += delta
+			if delta < 0 && d.buffer == 0 && len(d.held) > 0 {
+				s.count(cBufferedFlushed)
+			}
+		case f.Kind == FaultPartition:
 			d.drop += delta
-		case FaultStall:
+		case f.Kind == FaultStall:
 			d.stall += delta
-		case FaultLoss:
+		case f.Kind == FaultLoss:
 			d.loss += delta * f.Loss
-		case FaultLatency:
+		case f.Kind == FaultLatency:
 			d.extra += time.Duration(delta) * f.Value
 		}
 		if d.clear() && !wasClear {
@@ -151,6 +172,9 @@ func (s *sim) natsDown(power bool) {
 	for _, n := range s.nodes {
 		n.down.dropped = true // every connection breaks: watches resume later
 	}
+	for i := range s.cl.pending {
+		s.dropProposals(i) // a restarted leader has not committed them
+	}
 	lostKV, lostEvents := s.server.stop(s.now, power)
 	if lostKV+lostEvents > 0 {
 		s.count(cLostAckedWrites)
@@ -174,6 +198,7 @@ func (s *sim) reloadRegister() {
 		return
 	}
 	s.reg, s.regRev, s.regTime, s.regKnown = l, e.Revision, e.Time, true
+	s.refreshViews()
 }
 
 // serverUp brings the server back; every watch resumes.

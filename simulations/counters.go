@@ -36,7 +36,14 @@ const (
 	cDeadReplaced                           // a dead holder was replaced by the survivor
 	cWatchdogKill                           // a paused member outlasted its watchdog and was killed
 	cAppendRetried                          // an event append got no answer and was retried
-	cAppendConflict                         // an event append met another process's append
+	cAppendConflict                         // an appender concluded that another process appends to its subject (its member stopped)
+	cDuplicateAck                           // an event append retry was acked as a duplicate of its own first attempt
+	cBufferedFlushed                        // a NATS client flushed what it buffered while disconnected
+	cLeaderElected                          // a stream leader without quorum was replaced by an election
+	cInFlightRefused                        // a leader without quorum refused a write with 10164 (a proposal in flight)
+	cProposalLate                           // a leader regained its quorum and committed a proposal late
+	cStaleRead                              // the register read after a conflict was older than the server's
+	cWatchLagged                            // a watch delivery came late from a lagging server
 	numCounters
 )
 
@@ -72,6 +79,13 @@ var counterNames = [numCounters]string{
 	cWatchdogKill:          "watchdog-killed-paused-member",
 	cAppendRetried:         "event-append-retried",
 	cAppendConflict:        "event-append-conflict",
+	cDuplicateAck:          "event-append-duplicate-ack",
+	cBufferedFlushed:       "reconnect-buffer-flushed",
+	cLeaderElected:         "stream-leader-elected",
+	cInFlightRefused:       "write-refused-in-flight-10164",
+	cProposalLate:          "proposal-committed-at-heal",
+	cStaleRead:             "stale-register-read",
+	cWatchLagged:           "watch-lagged",
 }
 
 func (c counterID) String() string { return counterNames[c] }

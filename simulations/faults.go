@@ -44,9 +44,22 @@ const (
 	FaultProc
 	// FaultSwitchover is an operator's switchover request to a site.
 	FaultSwitchover
+	// FaultIsolate cuts a site of the NATS cluster (a site of the pair, with
+	// its member and its NATS server, or the witness) off from the other
+	// sites. Its member still reaches its local server: a stream leader
+	// there keeps proposing what it cannot commit (10164 for a second
+	// conditional write to the same subject) and answers reads with what it
+	// had; elsewhere requests go nowhere until an election moves the leader.
+	FaultIsolate
+	// FaultWatchLag makes a site's NATS server apply committed entries late:
+	// the member's watch runs Value behind the acknowledgements.
+	FaultWatchLag
+	// FaultLeader moves the stream leader of the assets to a site (a
+	// planned leader transfer; at 0s: where it starts).
+	FaultLeader
 )
 
-var faultNames = [...]string{"", "partition", "stall", "loss", "latency", "crash", "powercut", "pause", "jump", "serverclock", "proc", "switchover"}
+var faultNames = [...]string{"", "partition", "stall", "loss", "latency", "crash", "powercut", "pause", "jump", "serverclock", "proc", "switchover", "isolate", "watchlag", "leader"}
 
 func (k FaultKind) String() string {
 	if k <= 0 || int(k) >= len(faultNames) {
@@ -107,6 +120,10 @@ func (m ProcMode) String() string {
 // NATS is the Site of faults on the NATS server (crash, powercut).
 const NATS = "nats"
 
+// Witness is the third site of the NATS cluster: it holds a replica of
+// every asset (R3) and no member of the pair.
+const Witness = "witness"
+
 // Fault is one entry of a fault schedule. At is when it starts (virtual
 // time from the start of the run); For is how long it lasts (0: for a
 // crash or power cut, for ever; for the instant kinds, nothing).
@@ -125,7 +142,7 @@ type Fault struct {
 // instant reports whether the fault happens at one moment (no duration).
 func (f Fault) instant() bool {
 	switch f.Kind {
-	case FaultJump, FaultServerClock, FaultSwitchover:
+	case FaultJump, FaultServerClock, FaultSwitchover, FaultLeader:
 		return true
 	}
 	return false
@@ -147,8 +164,10 @@ func (f Fault) String() string {
 		args(f.Site, formatPermille(f.Loss))
 	case FaultLatency:
 		args(f.Site, f.Dir.String(), f.Value.String())
-	case FaultCrash, FaultPowerCut, FaultPause, FaultSwitchover:
+	case FaultCrash, FaultPowerCut, FaultPause, FaultSwitchover, FaultIsolate, FaultLeader:
 		args(f.Site)
+	case FaultWatchLag:
+		args(f.Site, f.Value.String())
 	case FaultJump:
 		args(f.Site, "+"+f.Value.String())
 	case FaultServerClock:
@@ -194,6 +213,8 @@ func FormatFaults(fs []Fault) string {
 //	pause(SITE)@AT+FOR                    jump(SITE,+DUR)@AT
 //	serverclock(±DUR)@AT                  switchover(SITE)@AT
 //	proc(SITE,fence|promote|demote,fail|hang|slow|fail-all)@AT+FOR
+//	isolate(SITE|witness)@AT+FOR          watchlag(SITE,DUR)@AT+FOR
+//	leader(SITE|witness)@AT
 //
 // AT and FOR are Go durations (12.5s, 1m30s). Without +FOR a crash or
 // power cut is permanent. The result is sorted by time.
@@ -271,6 +292,12 @@ func parseFault(raw, primary, replica string) (Fault, error) {
 				return s, nil
 			}
 		}
+		if s == Witness && (kind == FaultIsolate || kind == FaultLeader) {
+			return s, nil
+		}
+		if kind == FaultIsolate || kind == FaultLeader {
+			return "", fmt.Errorf("site %q: want %s, %s or %s", s, primary, replica, Witness)
+		}
 		if natsOK {
 			return "", fmt.Errorf("site %q: want %s, %s or nats", s, primary, replica)
 		}
@@ -346,12 +373,31 @@ func parseFault(raw, primary, replica string) (Fault, error) {
 			return f, err
 		}
 		return f, needFor()
-	case FaultSwitchover:
+	case FaultSwitchover, FaultLeader:
 		if err := want(1, "SITE"); err != nil {
 			return f, err
 		}
 		f.Site, err = site(a[0], false)
 		return f, err
+	case FaultIsolate:
+		if err := want(1, "SITE"); err != nil {
+			return f, err
+		}
+		if f.Site, err = site(a[0], false); err != nil {
+			return f, err
+		}
+		return f, needFor()
+	case FaultWatchLag:
+		if err := want(2, "SITE,DURATION"); err != nil {
+			return f, err
+		}
+		if f.Site, err = site(a[0], false); err != nil {
+			return f, err
+		}
+		if f.Value, err = parseDur(a[1]); err != nil || f.Value <= 0 {
+			return f, fmt.Errorf("watch lag %q: want a positive duration", a[1])
+		}
+		return f, needFor()
 	case FaultJump:
 		if err := want(2, "SITE,+DURATION"); err != nil {
 			return f, err

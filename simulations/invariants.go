@@ -34,7 +34,43 @@ const (
 	// InvScenario: a scenario's own expectation failed (something it says
 	// must never happen in it did).
 	InvScenario = "scenario-expectation"
+	// InvMemberStopped: a member stopped for good on an append conflict
+	// although no other process had appended to its subject: every record
+	// past the sequence its appender expected is its own (same message-id
+	// nonce). A conflict with a dead predecessor's late append is a true
+	// conflict and is not reported.
+	InvMemberStopped = "member-stopped-without-rival"
+	// InvWriteStorm: a member issued more KV writes within one
+	// heartbeat_timeout than the rules let it (writeStormLimit): it writes
+	// its heartbeat or the register once per interval, plus at most a probe,
+	// an acquire or release and one rewrite after its own late write.
+	InvWriteStorm = "write-storm"
+	// InvHandoverVacant: a hand-over (a release naming the member to take
+	// over: failback, switchover, shutdown) was not taken by the member it
+	// named within promote chain + 4 heartbeat_timeout + 6 × the link's
+	// latency cap, although that member ran on a clean link (a lagging watch
+	// included) and no fault began on it or NATS since: the holder handed
+	// over to a member that could not take it.
+	InvHandoverVacant = "handover-left-vacant"
+	// InvUnavailableStandby: nobody served while one member (the standby)
+	// and NATS were free of faults, for longer than the liveness bound plus
+	// the fence chain and one heartbeat_timeout, counted from the later of
+	// the outage's start, the last fault on the standby or NATS, and the
+	// landing of the other member's last unfenced register write sent while
+	// it served or of its last acquire (a new holder promotes, or fails to
+	// and hands back, first). Derivation: from then on the holder's writes say fenced
+	// (its first one once its fence chain has run, within a heartbeat) or
+	// are lone unfencing announcements, or stop landing; either way the
+	// standby's clock runs, and failover_timeout later it takes over as for
+	// a dead holder. A holder that recovers serves again, ending the outage.
+	InvUnavailableStandby = "unavailable-while-standby-healthy"
 )
+
+// writeStormLimit is how many KV writes a member may issue within one
+// heartbeat_timeout: its beat (register or heartbeat key), a staleness
+// probe, an acquire or a release, one rewrite after its own late write,
+// with as much again to spare.
+const writeStormLimit = 8
 
 // calmChanges is how many times the register may change hands once every
 // fault has cleared (both members and NATS up, links clean). A change is a
@@ -77,10 +113,17 @@ type invariants struct {
 	// liveness
 	lastStop      time.Duration // a database stopped and nobody served
 	unavailReport bool
-	armed         bool
-	dead          int
-	armedAt       time.Duration
-	reported      bool
+	standbyReport bool
+	// hand-over
+	hoArmed  bool
+	hoTarget int
+	hoAt     time.Duration
+	hoSince  time.Duration // faults on the target that began after this are excused
+	demoteAt time.Duration // the latest demotion request of a holder
+	armed    bool
+	dead     int
+	armedAt  time.Duration
+	reported bool
 }
 
 func (v *invariants) init(*sim) {}
@@ -101,8 +144,19 @@ func (v *invariants) registerWritten(s *sim, n *node, w *failover.Write, res wri
 	if w.Leader.Site != "" && !w.Leader.Fenced {
 		n.lastUnfenced, n.unfenced = s.now, true
 	}
+	if w.Leader.Site == "" && w.Leader.Handoff != "" {
+		if t := s.nodeBySite(w.Leader.Handoff); t != nil && !(v.hoArmed && v.hoTarget == t.idx) {
+			// The first of repeated hand-overs to the same member counts.
+			// The holder demoted on success_threshold ready heartbeats of
+			// the target: a fault that began on the target after the first
+			// of them could have been written is not the target's to report.
+			v.hoArmed, v.hoTarget, v.hoAt = true, t.idx, s.now
+			v.hoSince = min(s.now, v.demoteAt) - time.Duration(s.rules.SuccessThreshold)*s.rules.HeartbeatTimeout
+		}
+	}
 	if w.Kind == failover.WriteAcquire {
 		n.wins++
+		n.lastAcquired = s.now
 		prev := s.reg
 		switch {
 		case !s.regKnown:
@@ -204,6 +258,52 @@ func (v *invariants) closeGap(s *sim, by string, open bool) {
 		r.toNode = int8(n.idx)
 	}
 	v.gap = false
+	v.standbyReport = false
+}
+
+// memberStopped runs when a node's appender concludes that another process
+// appends to its subject (expected last sequence last): the server's
+// records say whether one did.
+func (v *invariants) memberStopped(s *sim, n *node, subject string, last uint64, err error) {
+	own, rival := 0, 0
+	suffix := "/" + n.nonce
+	s.server.recordsAfter(subject, last, func(_ uint64, id string) {
+		if strings.HasSuffix(id, suffix) {
+			own++
+		} else {
+			rival++
+		}
+	})
+	if rival > 0 {
+		return // a true conflict (a dead predecessor's late append)
+	}
+	s.violate(InvMemberStopped, "%s's member stopped for good on an append conflict on %s (%v), yet no other process appended to it: the %d records after sequence %d are its own",
+		n.site, subject, err, own, last)
+}
+
+// writeIssued counts a member's KV writes per heartbeat_timeout window.
+func (v *invariants) writeIssued(s *sim, n *node) {
+	if s.now-n.wsStart >= s.rules.HeartbeatTimeout {
+		n.wsStart, n.wsCount = s.now, 0
+	}
+	n.wsCount++
+	if n.wsCount > writeStormLimit && !n.wsReported {
+		n.wsReported = true
+		s.violate(InvWriteStorm, "%s issued %d KV writes within %v (from %.3fs; the rules allow %d per heartbeat_timeout)",
+			n.site, n.wsCount, s.rules.HeartbeatTimeout, n.wsStart.Seconds(), writeStormLimit)
+	}
+}
+
+// cleanLink: nothing degrades a node's link or its server's place in the
+// cluster. (A lagging watch does not count: a member can see its own
+// acknowledged writes come back late, and must not say ready then.)
+func (s *sim) cleanLink(n *node) bool {
+	for _, d := range []*dirState{&n.up, &n.down} {
+		if !d.clear() || d.loss > 0 || d.extra > 0 {
+			return false
+		}
+	}
+	return s.cl.isolated[n.idx] == 0
 }
 
 // checkArm arms the liveness check when the register names a dead member
@@ -233,7 +333,35 @@ func (v *invariants) step(s *sim) {
 			n.jumpUntil = 0
 		}
 	}
-	if !a.serving && !b.serving && a.alive && b.alive && v.calm() && !v.unavailReport {
+	if v.hoArmed {
+		t := s.nodes[v.hoTarget]
+		switch {
+		case t.serving || (s.regKnown && s.reg.Site == t.site) || !t.alive || v.lastChange[t.idx] > v.hoSince || v.lastChange[scopeNATS] > v.hoSince || v.active[scopeNATS] > 0:
+			v.hoArmed = false
+		case s.now > v.hoAt+s.hoBound:
+			v.hoArmed = false
+			if s.cleanLink(t) {
+				s.violate(InvHandoverVacant, "the register was handed over to %s at %.3fs and %s has not taken it %v later (bound %v; the register now names %q), although its link is clean and no fault began on it or NATS since",
+					t.site, v.hoAt.Seconds(), t.site, s.now-v.hoAt, s.hoBound, s.reg.Site)
+			}
+		}
+	}
+	if v.gap && !v.standbyReport && !v.calm() && v.active[scopeNATS] == 0 {
+		for _, st := range s.nodes {
+			h := s.other(st)
+			if !st.alive || st.paused || v.active[st.idx] > 0 || !h.alive {
+				continue
+			}
+			since := max(v.gapStart, v.lastChange[st.idx], v.lastChange[scopeNATS], h.lastAvailUnfenced, h.lastAcquired)
+			if s.now > since+s.standbyBound {
+				v.standbyReport = true
+				s.violate(InvUnavailableStandby, "nobody has served since %.3fs; %s and NATS have been free of faults since %.3fs and %s's last unfenced register write sent while serving landed at %.3fs, yet %s has not taken over within the bound %v",
+					v.gapStart.Seconds(), st.site, max(v.lastChange[st.idx], v.lastChange[scopeNATS]).Seconds(), h.site, h.lastAvailUnfenced.Seconds(), st.site, s.standbyBound)
+			}
+		}
+	}
+	up := func(n *node) bool { return n.alive || n.halted } // a stopped member's process runs on
+	if !a.serving && !b.serving && up(a) && up(b) && v.calm() && !v.unavailReport {
 		since := max(v.lastStop, v.lastChange[0], v.lastChange[1], v.lastChange[scopeNATS])
 		if s.now > since+s.settle {
 			v.unavailReport = true

@@ -2,6 +2,7 @@ package simulations
 
 import (
 	"math/rand/v2"
+	"strconv"
 	"time"
 
 	"understudy/actors/failover"
@@ -25,6 +26,8 @@ type appender struct {
 	born     []time.Duration // the node's local clock when each queued event was produced
 	marks    []int32         // 1 + the index of the outage a queued serving_started ends (0: none)
 	inflight bool
+	waiting  bool          // a failed attempt's backoff runs
+	backoff  time.Duration // the next backoff (0: the first)
 	attempt  uint64
 	last     uint64
 	known    bool
@@ -36,8 +39,10 @@ type appender struct {
 type dirState struct {
 	last    time.Duration // delivery time of the latest message: FIFO
 	base    time.Duration // the link's own one-way latency
-	drop    int           // partitions in force: messages are dropped
+	drop    int           // partitions in force (down): messages are dropped
 	stall   int           // stalls in force: messages are held
+	buffer  int           // partitions in force (up): the client buffers its publishes until it reconnects
+	wlast   time.Duration // delivery time of the latest watch delivery (a lagging watch has a FIFO of its own)
 	loss    int           // per mille, summed over loss faults in force
 	extra   time.Duration // latency faults in force
 	held    []int32
@@ -47,7 +52,7 @@ type dirState struct {
 // available: the database serves and is not being stopped.
 func (n *node) available() bool { return n.serving && !n.stopping }
 
-func (d *dirState) clear() bool { return d.drop == 0 && d.stall == 0 }
+func (d *dirState) clear() bool { return d.drop == 0 && d.stall == 0 && d.buffer == 0 }
 
 // node is one site: a machine with a member process (the failover member
 // and its resource's procedure runner), a local clock and a link to NATS.
@@ -57,7 +62,9 @@ type node struct {
 	primary bool
 	rng     *rand.Rand
 
-	alive   bool // the member process runs
+	alive   bool   // the member process runs
+	halted  bool   // its member stopped for good (append conflict); the process runs on
+	nonce   string // its appenders' message-id nonce, one per incarnation
 	powered bool
 	paused  bool
 	holds   int // crash and power-cut faults keeping the process down
@@ -106,14 +113,19 @@ type node struct {
 	proc        [4][5]int // procedure faults in force, by chain kind and mode
 
 	// Invariant bookkeeping.
-	downAt       time.Duration
-	lastLanded   time.Duration // the node's latest register write landed
-	lastUnfenced time.Duration // ... of those with fenced = false
-	unfenced     bool
-	wins         int // acquires won
-	jumping      bool
-	jumpUntil    time.Duration
-	jumpWins     int
+	wsStart           time.Duration // writes issued in the window starting here
+	wsCount           int
+	wsReported        bool
+	lastAvailUnfenced time.Duration // landing of its latest unfenced register write sent while available
+	lastAcquired      time.Duration // landing of its latest acquire
+	downAt            time.Duration
+	lastLanded        time.Duration // the node's latest register write landed
+	lastUnfenced      time.Duration // ... of those with fenced = false
+	unfenced          bool
+	wins              int // acquires won
+	jumping           bool
+	jumpUntil         time.Duration
+	jumpWins          int
 }
 
 func (s *sim) newNode(i int, site string) *node {
@@ -152,13 +164,15 @@ func (s *sim) send(n *node, up bool, ref int32) {
 		s.release(ref)
 		return
 	}
-	if d.stall > 0 {
+	if d.stall > 0 || d.buffer > 0 {
 		d.held = append(d.held, ref)
 		return
 	}
+	k := s.msgs[ref].kind
+	watch := !up && (k == mEntry || k == mSynced)
 	var extra time.Duration
 	if d.loss > 0 && n.rng.IntN(1000) < d.loss {
-		if k := s.msgs[ref].kind; up || (k != mEntry && k != mSynced) {
+		if !watch {
 			s.release(ref)
 			return
 		}
@@ -166,6 +180,18 @@ func (s *sim) send(n *node, up bool, ref int32) {
 		extra = 200 * time.Millisecond << n.rng.IntN(3)
 	}
 	at := max(s.now+s.latency(n, d)+extra, d.last)
+	if watch {
+		// A lagging server applies committed entries late: the watch
+		// falls behind the answers, which do not wait for it.
+		lag := s.cl.lag[n.idx]
+		at = max(at+lag, d.wlast)
+		d.wlast = at
+		if lag > 0 {
+			s.count(cWatchLagged)
+			s.push(item{at: at, kind: kind, node: int8(n.idx), ref: ref})
+			return
+		}
+	}
 	d.last = at
 	s.push(item{at: at, kind: kind, node: int8(n.idx), ref: ref})
 }
@@ -183,17 +209,19 @@ func (s *sim) flush(n *node, up bool) {
 	}
 }
 
-// reachable: the node can talk to a running NATS both ways.
+// reachable: the node can talk to a running NATS both ways, and its
+// server to the stream leader.
 func (s *sim) reachable(n *node) bool {
-	return !s.server.down && n.up.clear() && n.down.clear()
+	return !s.server.down && n.up.clear() && n.down.clear() && s.cl.isolated[n.idx] == 0
 }
 
 // start (re)starts a node's member process: a fresh member replays its
 // event subject from the log (when NATS is reachable; otherwise it starts
 // without history, as the runtime does), then Start brings it up fenced.
 func (s *sim) start(n *node) {
-	n.powered, n.alive, n.paused = true, true, false
+	n.powered, n.alive, n.paused, n.halted = true, true, false, false
 	n.inc++
+	n.nonce = "i" + strconv.FormatUint(uint64(n.inc), 10)
 	m, err := failover.NewMember(n.site, s.rules, s.opts)
 	if err != nil {
 		panic("simulator: rules were validated: " + err.Error())
@@ -240,13 +268,32 @@ func (s *sim) start(n *node) {
 func (s *sim) crash(n *node, power bool) {
 	if power {
 		n.powered = false
-		for _, d := range []*dirState{&n.up, &n.down} {
-			for _, ref := range d.held {
-				s.release(ref)
-			}
-			d.held = nil
-		}
 	}
+	for _, d := range []*dirState{&n.up, &n.down} {
+		if !power && d.buffer == 0 {
+			continue
+		}
+		// Lost with the machine, or with the process whose NATS client
+		// buffered them while disconnected.
+		for _, ref := range d.held {
+			s.release(ref)
+		}
+		d.held = nil
+	}
+	n.halted = false
+	s.stopMember(n)
+}
+
+// halt stops a node's member for good while its process runs on: the
+// resource is fenced (modelled as stopping at once), the member takes no
+// more input, its appenders stop; what its NATS client holds still goes
+// out when the connection is back.
+func (s *sim) halt(n *node) {
+	s.stopMember(n)
+	n.halted = true
+}
+
+func (s *sim) stopMember(n *node) {
 	if !n.alive {
 		return
 	}
@@ -380,6 +427,8 @@ func (s *sim) onMemberEvent(n *node, ev events.Event) {
 		s.count(cResumed)
 	case *failover.LeadershipLost:
 		s.count(cLeadershipLost)
+	case *failover.DemotionRequested:
+		s.inv.demoteAt = s.now
 	case *failover.FenceFailed:
 		s.count(cFenceRetried)
 	}

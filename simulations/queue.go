@@ -17,6 +17,8 @@ const (
 	evRestart                         // a node's process starts again (node)
 	evWatchdog                        // a paused node's watchdog looks (node, gen = pause id)
 	evServerUp                        // the NATS server is back (ref = outage id)
+	evAppendRetry                     // an appender's backoff after a failed attempt is over (node, ref = stream, gen = attempt)
+	evElection                        // a leader without quorum has been silent for the election timeout (gen)
 	evEnd                             // the run is over
 )
 

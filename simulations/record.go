@@ -324,6 +324,23 @@ func (s *sim) recordView() (total, longest time.Duration) {
 	stopBound := time.Duration(rl.FailureThreshold+1)*rl.HeartbeatTimeout + rl.FenceGrace
 	end := s.now // the export's window ends at virtual time, as its header says
 	prevTo, run := time.Duration(-1), time.Duration(0)
+	// A serving the record dates earlier than a previous outage's end (its
+	// wait inflated by a forward clock jump before it landed) ends that
+	// outage in the record: the end of each outage is the earliest recorded
+	// end of it and of every outage after it.
+	ends := make([]time.Duration, len(s.inv.outages))
+	for i := len(s.inv.outages) - 1; i >= 0; i-- {
+		ends[i] = -1
+		o, r := &s.inv.outages[i], &s.inv.orec[i]
+		if !o.Open {
+			if to, ok := dated(s, r.to, s.nodes[r.toNode], r.toKey); ok {
+				ends[i] = to
+			}
+		}
+		if i+1 < len(ends) && ends[i+1] >= 0 && (ends[i] < 0 || ends[i+1] < ends[i]) && !o.Open {
+			ends[i] = ends[i+1]
+		}
+	}
 	for i := range s.inv.outages {
 		o, r := &s.inv.outages[i], &s.inv.orec[i]
 		from, recorded := dated(s, r.from, s.nodes[r.node], r.fromKey)
@@ -353,9 +370,8 @@ func (s *sim) recordView() (total, longest time.Duration) {
 		case o.Open:
 			o.ToBasis, to = "open", end
 		default:
-			var ok bool
-			if to, ok = dated(s, r.to, s.nodes[r.toNode], r.toKey); ok {
-				o.ToBasis = "recorded"
+			if ends[i] >= 0 {
+				o.ToBasis, to = "recorded", ends[i]
 				break
 			}
 			o.ToBasis, to = "lost", r.toSrv

@@ -226,6 +226,51 @@ var scenarios = []*Scenario{
 		Required: []counterID{cNatsOutage},
 	},
 	{
+		Name: "site-isolation", Summary: "sites of the NATS cluster are cut off (a member's site or the witness) with the stream leader placed at random: writes stall until an election, a cut-off leader answers 10164 and stale reads",
+		Duration: 6 * time.Minute,
+		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+			fo := rl.FailoverTimeout
+			sites := []string{rl.Primary, rl.Replica, Witness}
+			out := []Fault{{Kind: FaultLeader, Site: sites[r.IntN(3)], At: 0}}
+			for t := between(r, 20*time.Second, 30*time.Second); t < d-4*fo; t += between(r, 35*time.Second, 50*time.Second) {
+				site := sites[[]int{0, 0, 1, 2}[r.IntN(4)]] // the primary's site half the time
+				if r.IntN(3) != 0 {
+					// Mostly the stream leader is where the cut is.
+					out = append(out, Fault{Kind: FaultLeader, Site: site, At: t - time.Second})
+				}
+				out = append(out, Fault{Kind: FaultIsolate, Site: site, At: t, For: between(r, 2*time.Second, 3*fo)})
+			}
+			return out
+		},
+		Required: []counterID{cLeaderElected, cInFlightRefused},
+	},
+	{
+		Name: "lossy-primary", Summary: "the primary's link has 400ms of latency and 30% loss for 3 minutes: it fences, announces its unfencing in writes whose answers are lost, and the replica must still take over",
+		Duration: 4 * time.Minute,
+		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+			at := between(r, 20*time.Second, 30*time.Second)
+			return []Fault{
+				{Kind: FaultLatency, Site: rl.Primary, Dir: DirBoth, Value: 400 * time.Millisecond, At: at, For: 3 * time.Minute},
+				{Kind: FaultLoss, Site: rl.Primary, Dir: DirBoth, Loss: 300, At: at, For: 3 * time.Minute},
+			}
+		},
+		Required: []counterID{cSelfFenced, cFencedTakeover},
+	},
+	{
+		Name: "failback-watch-lag", Summary: "the primary returns from a power cut with a watch running seconds behind its acknowledged writes: no failback may leave the register vacant",
+		Duration: 4 * time.Minute,
+		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+			at := between(r, 30*time.Second, 40*time.Second)
+			back := between(r, 30*time.Second, 45*time.Second)
+			return []Fault{
+				{Kind: FaultPowerCut, Site: rl.Primary, At: at, For: back},
+				{Kind: FaultWatchLag, Site: rl.Primary, Value: between(r, 3*rl.HeartbeatTimeout, 8*rl.HeartbeatTimeout), At: at + back, For: between(r, 40*time.Second, 60*time.Second)},
+			}
+		},
+		Required: []counterID{cFailover, cWatchLagged},
+		AutoOnly: []counterID{cFailback},
+	},
+	{
 		Name: "random", Summary: "a random schedule drawing on every fault kind (what --swarm runs)",
 		Duration: time.Hour,
 		Schedule: RandomSchedule,
@@ -324,6 +369,18 @@ func RandomSchedule(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
 		}},
 		{3, func(t time.Duration, _ string) (Fault, bool) {
 			return Fault{Kind: FaultPowerCut, Site: NATS, At: t, For: between(r, time.Second, 20*time.Second)}, true
+		}},
+		{8, func(t time.Duration, site string) (Fault, bool) {
+			if r.IntN(3) == 0 {
+				site = Witness
+			}
+			return Fault{Kind: FaultIsolate, Site: site, At: t, For: between(r, hb, 3*fo)}, true
+		}},
+		{3, func(t time.Duration, site string) (Fault, bool) {
+			return Fault{Kind: FaultLeader, Site: []string{rl.Primary, rl.Replica, Witness}[r.IntN(3)], At: t}, true
+		}},
+		{4, func(t time.Duration, site string) (Fault, bool) {
+			return Fault{Kind: FaultWatchLag, Site: site, Value: between(r, hb/2, 8*hb), At: t, For: between(r, 5*time.Second, 60*time.Second)}, true
 		}},
 	}
 	total := 0

@@ -213,20 +213,24 @@ func (s *Server) put(t time.Duration, key string, value []byte) (uint64, time.Ti
 type appendResult struct {
 	seq       uint64
 	duplicate bool
-	conflict  bool
+	code      int32  // a JetStream error code (0: stored)
+	last      uint64 // the expectation the append carried
+	id        string // its message id
 }
 
 // appendEvent stores one encoded event with the runtime appender's options:
-// expected last subject sequence (looked up first when unknown), a
-// message id per position, and how long the event waited on its node
-// (events.HeaderQueued, when it did).
-func (s *Server) appendEvent(t time.Duration, subject string, data []byte, last uint64, known bool, queued time.Duration) (appendResult, uint64) {
+// expected last subject sequence (looked up first when unknown; id is then
+// the appender's nonce, and the message id is completed here), the message
+// id, and how long the event waited on its node (events.HeaderQueued, when
+// it did). A refusal is answered with its JetStream error code.
+func (s *Server) appendEvent(t time.Duration, subject string, data []byte, last uint64, known bool, queued time.Duration, id string) appendResult {
 	s.at(t)
 	if !known {
 		last, _ = s.log.LastSequence(bg, subject)
+		id = msgID(subject, last, id)
 	}
 	opts := events.Expect(last)
-	opts.MsgID = subject + "@" + strconv.FormatUint(last+1, 10)
+	opts.MsgID = id
 	if queued > 0 {
 		if s.hdr == nil {
 			s.hdr = make(map[string]string, 1)
@@ -237,12 +241,47 @@ func (s *Server) appendEvent(t time.Duration, subject string, data []byte, last 
 	ack, err := s.log.AppendRaw(bg, subject, data, opts)
 	if err != nil {
 		if errors.Is(err, events.ErrConflict) {
-			return appendResult{conflict: true}, last
+			return appendResult{code: codeWrongLast, last: last, id: id}
 		}
 		panic(fmt.Sprintf("simulated server: append %s: %v", subject, err))
 	}
 	s.logSeq = max(s.logSeq, ack.Sequence)
-	return appendResult{seq: ack.Sequence, duplicate: ack.Duplicate}, last
+	return appendResult{seq: ack.Sequence, duplicate: ack.Duplicate, last: last, id: id}
+}
+
+// findRetried is events.JetStreamLog.findRetried against this server: the
+// record after sequence last on subject, if it carries message id id and
+// is younger than the dedup window, is the appender's own first attempt.
+func (s *Server) findRetried(t time.Duration, subject string, last uint64, id string) (events.Ack, bool) {
+	if s.down {
+		return events.Ack{}, false
+	}
+	s.at(t)
+	for rec, err := range s.log.Read(bg, events.ReadOptions{Subject: subject, FromSeq: last + 1}) {
+		if err != nil || rec.Headers["Nats-Msg-Id"] != id {
+			return events.Ack{}, false
+		}
+		if s.clock.Now().Sub(rec.Time) >= dedupWindow {
+			return events.Ack{}, false
+		}
+		return events.Ack{Sequence: rec.Sequence, Duplicate: true}, true
+	}
+	return events.Ack{}, false
+}
+
+// dedupWindow is the event stream's duplicate window (the MemoryLog's and
+// JetStream's default).
+const dedupWindow = 2 * time.Minute
+
+// recordsAfter calls fn with the message id of every record on subject
+// after sequence last (the checkers' ground truth).
+func (s *Server) recordsAfter(subject string, last uint64, fn func(seq uint64, id string)) {
+	for rec, err := range s.log.Read(bg, events.ReadOptions{Subject: subject, FromSeq: last + 1}) {
+		if err != nil {
+			return
+		}
+		fn(rec.Sequence, rec.Headers["Nats-Msg-Id"])
+	}
 }
 
 // records returns a subject's records in order (a restart's replay).

@@ -1,10 +1,12 @@
 package simulations
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"time"
 
 	"understudy/actors/failover"
@@ -146,8 +148,9 @@ func (r *Result) Failed() bool { return len(r.Violations) > 0 }
 
 // Tuning of the model that is not configuration.
 const (
-	appendTimeout = 5 * time.Second // the runtime appender's per-attempt timeout
-	restartDelay  = time.Second     // systemd RestartSec after a watchdog kill
+	appendTimeout = 5 * time.Second        // the runtime appender's per-attempt timeout (and its longest backoff)
+	appendBackoff = 100 * time.Millisecond // the runtime appender's first backoff after a failed attempt
+	restartDelay  = time.Second            // systemd RestartSec after a watchdog kill
 	minLatency    = 500 * time.Microsecond
 )
 
@@ -168,28 +171,30 @@ const (
 // msg is a message on a link (or a result inside a node). Messages live in
 // a slab and are reused, so the loop does not allocate per message.
 type msg struct {
-	kind     msgKind
-	inc      uint32 // incarnation of the node process that sent it or must receive it
-	stream   int8   // appender: 0 member events, 1 procedure events
-	effect   bool   // mStep: the physical effect was applied
-	rev      uint64 // mEntry: revision
-	write    failover.Write
-	res      failover.WriteResult
-	in       failover.Input // mEntry: the observation to feed
-	data     []byte         // mAppend
-	last     uint64         // mAppend: expected last subject sequence
-	known    bool           // mAppend: last was read from the log
-	attempt  uint64         // mAppend, mAppendAck
-	queued   time.Duration  // mAppend: how long the event waited on its node
-	mark     int32          // mAppend: 1 + the index of its record mark (0: none; see record.go)
-	sent     time.Duration  // mWrite: when it was sent
-	seq      uint64         // mAppendAck
-	conflict bool           // mAppendAck
-	run      uint64         // mStep
-	chain    procedure.ChainKind
-	final    bool // mStep: the last step of its chain
-	outcome  procedure.Outcome
-	done     procedure.ChainResult // mProcResult
+	kind    msgKind
+	inc     uint32 // incarnation of the node process that sent it or must receive it
+	stream  int8   // appender: 0 member events, 1 procedure events
+	effect  bool   // mStep: the physical effect was applied; mWrite: sent while its node's database was available
+	rev     uint64 // mEntry: revision
+	write   failover.Write
+	res     failover.WriteResult
+	in      failover.Input // mEntry: the observation to feed
+	data    []byte         // mAppend
+	last    uint64         // mAppend: expected last subject sequence
+	known   bool           // mAppend: last was read from the log
+	attempt uint64         // mAppend, mAppendAck
+	queued  time.Duration  // mAppend: how long the event waited on its node
+	mark    int32          // mAppend: 1 + the index of its record mark (0: none; see record.go)
+	id      string         // mAppend, mAppendAck: the message id (mAppend with known false: the appender's nonce; the server completes it)
+	code    int32          // mAppendAck: the JetStream error code of a refusal (0: stored)
+	dup     bool           // mAppendAck: the server acked a duplicate
+	sent    time.Duration  // mWrite: when it was sent
+	seq     uint64         // mAppendAck
+	run     uint64         // mStep
+	chain   procedure.ChainKind
+	final   bool // mStep: the last step of its chain
+	outcome procedure.Outcome
+	done    procedure.ChainResult // mProcResult
 }
 
 // sim is one run. Everything happens on the goroutine that calls Run.
@@ -204,6 +209,7 @@ type sim struct {
 	steps     uint64
 	q         queue
 	server    *Server
+	cl        cluster
 	codec     *events.Registry
 	nodes     [2]*node
 	msgs      []msg
@@ -232,13 +238,15 @@ type sim struct {
 	inv  invariants
 	spec procedure.Spec
 	// Derived bounds (see invariants.go).
-	maxLat     time.Duration
-	fenceMax   time.Duration
-	promoteMax time.Duration
-	bound      time.Duration
-	settle     time.Duration
-	calmLimit  int
-	foCheck    time.Duration // failover_timeout as the checkers read it
+	maxLat       time.Duration
+	fenceMax     time.Duration
+	promoteMax   time.Duration
+	bound        time.Duration
+	settle       time.Duration
+	hoBound      time.Duration
+	standbyBound time.Duration
+	calmLimit    int
+	foCheck      time.Duration // failover_timeout as the checkers read it
 }
 
 // Run runs one simulation.
@@ -304,9 +312,12 @@ func newSim(cfg Config) (*sim, error) {
 	s.bound = rules.FailoverTimeout + 2*rules.HeartbeatTimeout + s.fenceMax + s.promoteMax + 6*s.maxLat
 	s.calmLimit, s.foCheck = calmChanges(rules), rules.FailoverTimeout
 	s.settle = s.bound + time.Duration(rules.SuccessThreshold+2)*rules.HeartbeatTimeout + s.fenceMax + chainMax(s.spec.Demote)
+	s.hoBound = s.promoteMax + 4*rules.HeartbeatTimeout + 6*s.maxLat
+	s.standbyBound = s.bound + s.fenceMax + rules.HeartbeatTimeout
 	for i, site := range []string{rules.Primary, rules.Replica} {
 		s.nodes[i] = s.newNode(i, site)
 	}
+	s.initCluster()
 	if cfg.FaultsSet {
 		s.faults = append([]Fault(nil), cfg.Faults...)
 	} else {
@@ -316,16 +327,17 @@ func newSim(cfg Config) (*sim, error) {
 	for i, f := range s.faults {
 		switch {
 		case f.Kind == FaultServerClock:
+		case f.Site == Witness && (f.Kind == FaultIsolate || f.Kind == FaultLeader):
 		case f.Site == NATS && f.Kind != FaultCrash && f.Kind != FaultPowerCut:
 			return nil, fmt.Errorf("fault %s: only crash and powercut apply to nats", f)
 		case f.Site != NATS && !rules.Has(f.Site):
 			return nil, fmt.Errorf("fault %s: site %q is not a member of pair %s", f, f.Site, rules.Pair)
 		case f.Kind == FaultProc && (f.Chain < procedure.ChainFence || f.Chain > procedure.ChainDemote || f.Mode < ProcFail || f.Mode > ProcFailAll):
 			return nil, fmt.Errorf("fault %s: want a fence, promote or demote chain and a mode", f)
-		case f.Kind < FaultPartition || f.Kind > FaultSwitchover || f.At < 0 || f.For < 0:
+		case f.Kind < FaultPartition || f.Kind > FaultLeader || f.At < 0 || f.For < 0:
 			return nil, fmt.Errorf("fault %s: invalid", f)
-		case f.Kind == FaultPause && f.For <= 0:
-			return nil, fmt.Errorf("fault %s: a pause needs a duration", f)
+		case (f.Kind == FaultPause || f.Kind == FaultIsolate || f.Kind == FaultWatchLag) && f.For <= 0:
+			return nil, fmt.Errorf("fault %s: needs a duration", f)
 		}
 		s.push(item{at: f.At, kind: evFaultStart, ref: int32(i)})
 	}
@@ -426,17 +438,32 @@ func (s *sim) dispatch(it item) {
 		}
 		a := &n.apps[it.ref]
 		if n.alive && a.inflight && a.attempt == it.gen {
+			// The runtime's attempt ends with its context: a failed
+			// attempt, retried after the backoff.
 			a.inflight = false
 			s.count(cAppendRetried)
+			s.retryLater(n, int(it.ref))
+		}
+	case evAppendRetry:
+		n := s.nodes[it.node]
+		if n.paused {
+			n.deferred = append(n.deferred, it)
+			return
+		}
+		a := &n.apps[it.ref]
+		if n.alive && a.waiting && a.attempt == it.gen {
+			a.waiting = false
 			s.pump(n, int(it.ref))
 		}
+	case evElection:
+		s.election(it.gen)
 	case evFaultStart:
 		s.faultStart(int(it.ref))
 	case evFaultEnd:
 		s.faultEnd(int(it.ref))
 	case evRestart:
 		n := s.nodes[it.node]
-		if !n.alive && n.holds == 0 {
+		if !n.alive && n.holds == 0 && !n.halted {
 			s.start(n)
 		}
 	case evWatchdog:
@@ -510,45 +537,130 @@ func (s *sim) appendEvent(n *node, stream int, ev events.Event) {
 // time, as the runtime's appender does.
 func (s *sim) pump(n *node, stream int) {
 	a := &n.apps[stream]
-	if a.inflight || len(a.queue) == 0 || !n.alive || a.stopped {
+	if a.inflight || a.waiting || len(a.queue) == 0 || !n.alive || a.stopped {
 		return
 	}
 	s.attempts++
 	a.inflight, a.attempt = true, s.attempts
+	id := n.nonce // the server completes it once it has looked the last sequence up
+	if a.known {
+		id = msgID(a.subject, a.last, n.nonce)
+	}
 	ref := s.alloc(msg{kind: mAppend, inc: n.inc, stream: int8(stream), data: a.queue[0], last: a.last, known: a.known, attempt: a.attempt,
-		queued: n.clk.local(s.now) - a.born[0], mark: a.marks[0]})
+		queued: n.clk.local(s.now) - a.born[0], mark: a.marks[0], id: id})
 	s.send(n, true, ref)
 	s.push(item{at: s.now + appendTimeout, kind: evAppendTimeout, node: int8(n.idx), ref: int32(stream), gen: a.attempt})
 }
 
+// retryLater schedules the next attempt of an appender after its
+// backoff (the runtime's: 100ms, doubling up to 5s, reset by a success).
+func (s *sim) retryLater(n *node, stream int) {
+	a := &n.apps[stream]
+	if a.backoff == 0 {
+		a.backoff = appendBackoff
+	}
+	a.waiting = true
+	s.push(item{at: s.now + a.backoff, kind: evAppendRetry, node: int8(n.idx), ref: int32(stream), gen: a.attempt})
+	a.backoff = min(2*a.backoff, appendTimeout)
+}
+
+// msgID is the runtime appender's message id for the append after
+// sequence last: subject@position/nonce.
+func msgID(subject string, last uint64, nonce string) string {
+	return subject + "@" + strconv.FormatUint(last+1, 10) + "/" + nonce
+}
+
 func (s *sim) sendWrite(n *node, w *failover.Write) {
+	s.inv.writeIssued(s, n)
 	n.pending[n.pendingNext%len(n.pending)] = pendingWrite{op: w.Op, deadline: w.Deadline, kind: w.Kind}
 	n.pendingNext++
-	ref := s.alloc(msg{kind: mWrite, inc: n.inc, write: *w, sent: s.now})
+	ref := s.alloc(msg{kind: mWrite, inc: n.inc, write: *w, sent: s.now, effect: n.available()})
 	s.send(n, true, ref)
 }
 
-// atServer handles a message that reached the server.
+// atServer handles a message that reached the node's NATS server: the
+// cluster routes it to the stream leader, to a leader without quorum that
+// holds it as a proposal, or nowhere (cluster.go).
 func (s *sim) atServer(n *node, ref int32) {
-	m := &s.msgs[ref]
 	if s.server.down {
 		s.release(ref)
 		return
 	}
+	switch r, at := s.cl.route(n.idx); r {
+	case routeDrop:
+		s.release(ref)
+		return
+	case routePropose:
+		s.propose(n, ref, at)
+		return
+	}
+	s.serve(n, ref)
+}
+
+// serve has the stream leader, with its quorum, carry out a request.
+func (s *sim) serve(n *node, ref int32) {
+	m := &s.msgs[ref]
 	switch m.kind {
 	case mWrite:
 		s.serverWrite(n, ref)
 	case mAppend:
-		res, last := s.server.appendEvent(s.now, n.apps[m.stream].subject, m.data, m.last, m.known, m.queued)
-		if !res.conflict && !res.duplicate {
+		res := s.server.appendEvent(s.now, n.apps[m.stream].subject, m.data, m.last, m.known, m.queued, m.id)
+		if res.code == 0 && !res.duplicate {
 			s.eventLanded(n, int(m.stream), m.mark, res.seq, m.queued)
 		}
-		*m = msg{kind: mAppendAck, inc: m.inc, stream: m.stream, attempt: m.attempt, seq: res.seq, conflict: res.conflict, last: last}
+		*m = msg{kind: mAppendAck, inc: m.inc, stream: m.stream, attempt: m.attempt, seq: res.seq, code: res.code, dup: res.duplicate, last: res.last, id: res.id}
 		s.send(n, false, ref)
 	default:
 		s.release(ref)
 	}
 }
+
+// propose: a leader without quorum (at site at) takes a request as a
+// proposal it cannot commit, or refuses it at once: 10164 when a proposal
+// for the same subject is in flight, 10071 when a conditional write
+// expects other than what it holds.
+func (s *sim) propose(n *node, ref int32, at int) {
+	m := &s.msgs[ref]
+	c := &s.cl
+	var key string
+	switch m.kind {
+	case mWrite:
+		w := &m.write
+		key = w.Key
+		create := !w.Put && w.ExpectRev == 0
+		if !w.Put && c.inFlight(at, key) {
+			s.count(cInFlightRefused)
+			s.refuseWrite(n, ref, events.KVAPIError(create, codeInFlight, descInFlight))
+			return
+		}
+		if !w.Put && key == failover.LeaderKey(s.rules.Pair) {
+			if v := &c.view[at]; (create && v.known) || (!create && w.ExpectRev != v.rev) {
+				s.refuseWrite(n, ref, events.KVAPIError(create, codeWrongLast, descWrongLast))
+				return
+			}
+		}
+	case mAppend:
+		key = n.apps[m.stream].subject
+		if c.inFlight(at, key) {
+			s.count(cInFlightRefused)
+			*m = msg{kind: mAppendAck, inc: m.inc, stream: m.stream, attempt: m.attempt, code: codeInFlight, last: m.last, id: m.id}
+			s.send(n, false, ref)
+			return
+		}
+	default:
+		s.release(ref)
+		return
+	}
+	c.pending[at] = append(c.pending[at], proposal{ref: ref, node: int8(n.idx), key: key})
+}
+
+// JetStream error codes the simulated server answers with.
+const (
+	codeWrongLast = 10071 // JSStreamWrongLastSequenceErr: the expectation does not hold
+	codeInFlight  = 10164 // JSStreamWrongLastSequenceConstantErr: a write to the subject is still being proposed
+	descWrongLast = "wrong last sequence"
+	descInFlight  = "last sequence by subject mismatch" // nats-server 2.15's message for an in-flight proposal
+)
 
 // serverWrite applies a member's KV write, fans it out to the watches and
 // answers the writer.
@@ -566,9 +678,13 @@ func (s *sim) serverWrite(n *node, ref int32) {
 		}
 		var in failover.Input
 		if leaderKey {
+			if m.effect && w.Leader.Site == n.site && !w.Leader.Fenced {
+				n.lastAvailUnfenced = s.now // sent while it served
+			}
 			s.registerLanded(n, w, res.rev, m.sent)
 			s.inv.registerWritten(s, n, w, res)
 			s.reg, s.regRev, s.regTime, s.regKnown = w.Leader, res.rev, res.ts, true
+			s.refreshViews()
 			s.inv.checkArm(s)
 			in = failover.LeaderObserved{Entry: failover.LeaderEntry{Rev: res.rev, Time: res.ts, Value: w.Leader}}
 		} else {
@@ -587,9 +703,26 @@ func (s *sim) serverWrite(n *node, ref int32) {
 		}
 		return
 	}
-	out.Err = failover.WriteConflict
-	if leaderKey && s.regKnown {
-		out.Current = &failover.LeaderEntry{Rev: s.regRev, Time: s.regTime, Value: s.reg}
+	s.refuseWrite(n, ref, events.KVAPIError(!w.Put && w.ExpectRev == 0, codeWrongLast, descWrongLast))
+}
+
+// refuseWrite answers a KV write the server refused with err, as the
+// runtime would: classified by failover.WriteErrOf; after a conflict on
+// the register, the register as the node's own NATS server reads it (a
+// cut-off leader's is stale).
+func (s *sim) refuseWrite(n *node, ref int32, err error) {
+	w := &s.msgs[ref].write
+	out := failover.WriteResult{Op: w.Op, Err: failover.WriteErrOf(err)}
+	switch out.Err {
+	case failover.WriteConflict:
+		if v := &s.cl.view[n.idx]; w.Key == failover.LeaderKey(s.rules.Pair) && v.known {
+			out.Current = &failover.LeaderEntry{Rev: v.rev, Time: v.ts, Value: v.l}
+			if v.rev < s.regRev {
+				s.count(cStaleRead)
+			}
+		}
+	default:
+		out.Cause = err.Error()
 	}
 	s.reply(n, ref, out)
 }
@@ -603,9 +736,14 @@ func (s *sim) reply(n *node, ref int32, out failover.WriteResult) {
 // fanOut queues a new entry on every established watch, in node order.
 func (s *sim) fanOut(rev uint64, in failover.Input) {
 	for _, o := range s.nodes {
-		if o.alive && o.watch {
-			s.send(o, false, s.alloc(msg{kind: mEntry, inc: o.inc, rev: rev, in: in}))
+		if !o.alive || !o.watch {
+			continue
 		}
+		if !s.cl.connected(o.idx) {
+			o.down.dropped = true // its server has not applied it: the watch resumes on heal
+			continue
+		}
+		s.send(o, false, s.alloc(msg{kind: mEntry, inc: o.inc, rev: rev, in: in}))
 	}
 }
 
@@ -638,18 +776,39 @@ func (s *sim) atNode(n *node, it item) {
 		s.release(it.ref)
 		s.step(n, failover.Synced{})
 	case mAppendAck:
-		stream, attempt, seq, conflict := int(m.stream), m.attempt, m.seq, m.conflict
+		stream, attempt := int(m.stream), m.attempt
+		last, id, code := m.last, m.id, m.code
+		ack := events.Ack{Sequence: m.seq, Duplicate: m.dup}
 		s.release(it.ref)
 		a := &n.apps[stream]
 		if !a.inflight || a.attempt != attempt {
 			return
 		}
 		a.inflight = false
-		if conflict {
-			s.appendConflict(n, stream)
+		// The runtime's appender, step by step: the client maps the
+		// refusal; a conflict makes it look for its own first attempt
+		// (JetStreamLog.findRetried); the answer is judged by
+		// events.AppendAckConflict.
+		if code != 0 {
+			err := events.APIError(int(code), descOf(code))
+			if !errors.Is(err, events.ErrConflict) {
+				s.retryLater(n, stream)
+				return
+			}
+			var ok bool
+			if ack, ok = s.server.findRetried(s.now, a.subject, last, id); !ok {
+				s.appendConflict(n, stream, last, err)
+				return
+			}
+		}
+		if err := events.AppendAckConflict(last, id, ack); err != nil {
+			s.appendConflict(n, stream, last, err)
 			return
 		}
-		a.last, a.known = seq, true
+		if ack.Duplicate {
+			s.count(cDuplicateAck)
+		}
+		a.last, a.known, a.backoff = ack.Sequence, true, 0
 		a.queue[0] = nil
 		a.queue, a.born, a.marks = a.queue[1:], a.born[1:], a.marks[1:]
 		s.pump(n, stream)
@@ -658,13 +817,25 @@ func (s *sim) atNode(n *node, it item) {
 	}
 }
 
-// appendConflict: another process appended to this member's subject. The
-// runtime stops the member (and its resource) then; so does the model, and
-// the process stays down until a scheduled restart.
-func (s *sim) appendConflict(n *node, stream int) {
+// appendConflict: the appender concluded that another process appends to
+// its subject. The runtime's member then fences its resource (if it served
+// or held the register) and stops for good; the node's process keeps
+// running, and only a restart of the process brings a member back. So does
+// the model: the resource stops serving at once and the member is gone
+// (halted) until the process restarts (a crash or power cut that ends).
+func (s *sim) appendConflict(n *node, stream int, last uint64, err error) {
 	s.count(cAppendConflict)
-	s.tracef(n.site, "event append conflict on %s: another process writes this subject; member stops", n.apps[stream].subject)
-	s.crash(n, false)
+	sub := n.apps[stream].subject
+	s.tracef(n.site, "event append conflict on %s: %v; member stops for good", sub, err)
+	s.inv.memberStopped(s, n, sub, last, err)
+	s.halt(n)
+}
+
+func descOf(code int32) string {
+	if code == codeInFlight {
+		return descInFlight
+	}
+	return descWrongLast
 }
 
 // result builds the run's Result.
