@@ -434,19 +434,27 @@ func parseUint(s string) (uint64, bool) {
 }
 
 // mapJetStreamError gives NATS errors the events identities: a lost
-// compare-and-set (10071, or 10164 on a replicated stream, including the
-// KV client's ErrKeyExists and ErrKeyRevisionMismatch) wraps ErrConflict; a
-// missing key or message wraps ErrNotFound. The NATS error stays in the
-// chain and in the message. Other errors are returned unchanged.
+// compare-and-set (10071, including the KV client's ErrKeyExists and
+// ErrKeyRevisionMismatch for it) wraps ErrConflict; an earlier write to the
+// subject still being proposed (10164, which the KV client wraps in the
+// same sentinels) wraps ErrInFlight; a missing key or message wraps
+// ErrNotFound. The API error code is looked at before the KV sentinels, so
+// 10164 is never taken for a lost CAS. The NATS error stays in the chain
+// and in the message. Other errors are returned unchanged.
 func mapJetStreamError(err error) error {
 	if err == nil {
 		return nil
 	}
 	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case jetstream.JSErrCodeStreamWrongLastSequenceConstant:
+			return fmt.Errorf("%w: %w", ErrInFlight, err)
+		case jetstream.JSErrCodeStreamWrongLastSequence:
+			return fmt.Errorf("%w: %w", ErrConflict, err)
+		}
+	}
 	switch {
-	case errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant):
-		return fmt.Errorf("%w: %w", ErrConflict, err)
 	case errors.Is(err, jetstream.ErrKeyExists), errors.Is(err, jetstream.ErrKeyRevisionMismatch):
 		return fmt.Errorf("%w: %w", ErrConflict, err)
 	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted),

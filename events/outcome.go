@@ -3,6 +3,7 @@ package events
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -14,11 +15,35 @@ import (
 // append is this appender's own record. The runtime's appender and the
 // simulator's model of it both decide through it, so the simulator finds
 // what this rule gets wrong.
+//
+// A duplicate ack names the record stored under this message id. When the
+// id carries the appender's nonce (subject@position/nonce, as the runtime
+// appender writes it), no other process uses it: the record is this
+// appender's own earlier attempt — a retry after a lost answer, or a
+// publish the NATS client buffered while disconnected that landed before
+// its retry. Its sequence is a stream sequence, shared by every subject, so
+// it need not be last+1; it must only come after last, as the first
+// attempt, sent with the same expectation, was stored after it. A
+// duplicate at or before last, or of an id without a nonce (which a twin
+// appending at the same position would share), cannot come from a retry.
 func AppendAckConflict(last uint64, msgID string, ack Ack) error {
-	if ack.Duplicate && ack.Sequence != last+1 {
-		return fmt.Errorf("%w: message id %s already stored at sequence %d", ErrConflict, msgID, ack.Sequence)
+	switch {
+	case !ack.Duplicate:
+		return nil
+	case ack.Sequence <= last:
+		return fmt.Errorf("%w: message id %s already stored at sequence %d, not after the subject's last sequence %d", ErrConflict, msgID, ack.Sequence, last)
+	case !hasNonce(msgID):
+		return fmt.Errorf("%w: message id %s (no nonce: a twin's would be the same) already stored at sequence %d", ErrConflict, msgID, ack.Sequence)
 	}
 	return nil
+}
+
+// hasNonce reports whether a message id ends in an appender's nonce:
+// subject@position/nonce.
+func hasNonce(msgID string) bool {
+	at := strings.LastIndexByte(msgID, '@')
+	slash := strings.LastIndexByte(msgID, '/')
+	return at >= 0 && slash > at+1 && slash < len(msgID)-1
 }
 
 // APIError is the error a JetStream server answers with numeric error code

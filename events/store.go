@@ -12,9 +12,16 @@ import (
 var (
 	// ErrConflict reports a lost optimistic-concurrency check: the expected
 	// last subject sequence (Log) or revision (KV) had moved. JetStream reports
-	// it as error 10071, or 10164 on a replicated stream; both map here.
-	// Re-read, then decide again; never blindly retry the same write.
+	// it as error 10071. Re-read, then decide again; never blindly retry the
+	// same write.
 	ErrConflict = errors.New("events: conflict: expected sequence or revision has moved")
+
+	// ErrInFlight reports a conditional write the server could not decide:
+	// an earlier write to the same subject is still being proposed
+	// (JetStream error 10164; seen when the stream leader is cut off from its
+	// quorum). Nothing is known of the write, and it says nothing of a rival:
+	// the store is unavailable for it; try again later. Never ErrConflict.
+	ErrInFlight = errors.New("events: unavailable: an earlier write to this subject is still being proposed")
 
 	// ErrNotFound reports a key (KV) or sequence (Log) that does not exist.
 	ErrNotFound = errors.New("events: not found")

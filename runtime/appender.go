@@ -18,9 +18,14 @@ import (
 // per-subject optimistic concurrency and a message id per position, from a
 // goroutine of its own: an actor never blocks on NATS (a member must keep
 // counting heartbeat timeouts while NATS is down). Events queue while NATS
-// is unreachable and are retried; a conflict means another process writes
-// this subject — this process is a zombie or has a twin — and is reported
-// through onConflict, after which the appender stops.
+// is unreachable and are retried — so is an append the stream leader could
+// not decide yet (10164, events.ErrInFlight: an earlier attempt is still
+// being proposed) — and a duplicate ack of its own earlier attempt (its
+// message id carries this appender's nonce) is its own record, whatever
+// stream sequence it names; a conflict means another process writes this
+// subject — this process is a zombie or has a twin — and is reported
+// through onConflict, after which the appender stops (events.AppendAckConflict
+// decides).
 type appender struct {
 	log        events.Log
 	subject    string

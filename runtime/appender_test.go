@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -71,5 +72,77 @@ func TestAppenderTwinSeesConflict(t *testing.T) {
 	}
 	if n != 1 {
 		t.Fatalf("subject holds %d events, want 1", n)
+	}
+}
+
+// scriptedLog answers the appender's appends from a script, then stores
+// them in a MemoryLog.
+type scriptedLog struct {
+	events.Log
+	mu     sync.Mutex
+	script []func(opts events.AppendOptions) (events.Ack, error)
+	sent   []events.AppendOptions
+}
+
+func (l *scriptedLog) Append(ctx context.Context, subject string, ev events.Event, opts events.AppendOptions) (events.Ack, error) {
+	l.mu.Lock()
+	l.sent = append(l.sent, opts)
+	var step func(events.AppendOptions) (events.Ack, error)
+	if len(l.script) > 0 {
+		step, l.script = l.script[0], l.script[1:]
+	}
+	l.mu.Unlock()
+	if step != nil {
+		return step(opts)
+	}
+	return l.Log.Append(ctx, subject, ev, opts)
+}
+
+// What real partitions showed: the appender's first attempt, buffered by
+// the NATS client while disconnected, lands at the heal; the retry gets the
+// duplicate ack at the first attempt's stream sequence, which other
+// subjects have moved past last+1. And a stream leader cut off from its
+// quorum answers 10164 while the first attempt is still being proposed.
+// Neither is another writer: the appender retries and carries on.
+func TestAppenderOwnDuplicateAndInFlightAreNotConflicts(t *testing.T) {
+	mem := events.NewMemoryLog("EV", nil, Codec())
+	subject := failover.Subject("dup", "site-a")
+	log := &scriptedLog{Log: mem}
+	log.script = []func(events.AppendOptions) (events.Ack, error){
+		func(events.AppendOptions) (events.Ack, error) {
+			return events.Ack{}, events.APIError(10164, "last sequence by subject mismatch")
+		},
+		func(o events.AppendOptions) (events.Ack, error) {
+			return events.Ack{Sequence: o.ExpectLastSubjectSeq + 41, Duplicate: true}, nil
+		},
+		func(o events.AppendOptions) (events.Ack, error) {
+			return events.Ack{Sequence: o.ExpectLastSubjectSeq + 3}, nil
+		},
+	}
+	app := newAppender(log, subject, slog.New(slog.DiscardHandler))
+	app.setLast(7)
+	conflict := make(chan error, 1)
+	appended := make(chan events.Ack, 2)
+	app.onConflict = func(err error) { conflict <- err }
+	app.onAppended = func(_ events.Event, ack events.Ack) { appended <- ack }
+	app.start()
+	defer app.stop()
+	app.add(&failover.HeartbeatRecovered{Term: 1, AfterFailures: 1}, &failover.HeartbeatRecovered{Term: 1, AfterFailures: 2})
+	for i := 0; i < 2; i++ {
+		select {
+		case err := <-conflict:
+			t.Fatalf("conflict: %v", err)
+		case ack := <-appended:
+			if i == 0 && (ack.Sequence != 48 || !ack.Duplicate) {
+				t.Fatalf("first ack %+v, want the duplicate at 48", ack)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the appender did not carry on")
+		}
+	}
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	if n := len(log.sent); n != 3 || log.sent[0].MsgID != log.sent[1].MsgID || log.sent[2].ExpectLastSubjectSeq != 48 {
+		t.Fatalf("appends %+v: want a retry with the same message id, then an append expecting 48", log.sent)
 	}
 }
