@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -321,13 +322,12 @@ func (c *Cluster) ExportReplay(ctx context.Context, site string) (*Replay, error
 	return &r, nil
 }
 
-// Leaders asks a site's NATS server (its monitoring port, from inside its
-// namespace) which servers lead the meta group and the pair's streams:
-// "meta=nats-w KV_understudy_failover=nats-a UNDERSTUDY_EVENTS=nats-b".
-func (c *Cluster) Leaders(site string) string {
+// LeaderMap asks a site's NATS server (its monitoring port, from inside its
+// namespace) which servers lead the meta group ("meta") and each stream.
+func (c *Cluster) LeaderMap(site string) (map[string]string, error) {
 	body, err := c.Lab.HTTPGet(site, c.Lab.Sites[site].IP+":8222", "/jsz?accounts=true&streams=true", 2*time.Second)
 	if err != nil {
-		return "unknown (" + err.Error() + ")"
+		return nil, err
 	}
 	var jsz struct {
 		Meta *struct {
@@ -343,24 +343,80 @@ func (c *Cluster) Leaders(site string) string {
 		} `json:"account_details"`
 	}
 	if err := json.Unmarshal(body, &jsz); err != nil {
-		return "unknown (" + err.Error() + ")"
+		return nil, fmt.Errorf("jsz of nats-%s: %w", site, err)
 	}
-	var parts []string
+	out := map[string]string{}
 	if jsz.Meta != nil {
-		parts = append(parts, "meta="+orNone(jsz.Meta.Leader))
+		out["meta"] = jsz.Meta.Leader
 	}
 	for _, a := range jsz.Accounts {
 		for _, s := range a.Streams {
-			l := ""
 			if s.Cluster != nil {
-				l = s.Cluster.Leader
+				out[s.Name] = s.Cluster.Leader
+			} else {
+				out[s.Name] = ""
 			}
-			parts = append(parts, s.Name+"="+orNone(l))
 		}
 	}
-	slices.Sort(parts[min(1, len(parts)):])
-	return strings.Join(parts, " ")
+	return out, nil
 }
+
+// MetaReady reports whether a site's server sees a JetStream meta leader
+// with both other servers current: the cluster is formed, and asset
+// creation can place three replicas.
+func (c *Cluster) MetaReady(site string) (bool, string) {
+	body, err := c.Lab.HTTPGet(site, c.Lab.Sites[site].IP+":8222", "/jsz", 2*time.Second)
+	if err != nil {
+		return false, err.Error()
+	}
+	var jsz struct {
+		Meta *struct {
+			Leader   string `json:"leader"`
+			Size     int    `json:"cluster_size"`
+			Replicas []struct {
+				Name    string `json:"name"`
+				Current bool   `json:"current"`
+			} `json:"replicas"`
+		} `json:"meta_cluster"`
+	}
+	if err := json.Unmarshal(body, &jsz); err != nil {
+		return false, err.Error()
+	}
+	m := jsz.Meta
+	if m == nil || m.Leader == "" {
+		return false, "no meta leader"
+	}
+	current := 0
+	for _, r := range m.Replicas {
+		if r.Current {
+			current++
+		}
+	}
+	if m.Size < 3 || current < 2 {
+		return false, fmt.Sprintf("meta leader %s, cluster size %d, %d other peers current", m.Leader, m.Size, current)
+	}
+	return true, ""
+}
+
+// Leaders is LeaderMap as one line:
+// "meta=nats-w KV_understudy_failover=nats-a UNDERSTUDY_EVENTS=nats-b".
+func (c *Cluster) Leaders(site string) string {
+	m, err := c.LeaderMap(site)
+	if err != nil {
+		return "unknown (" + err.Error() + ")"
+	}
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		if k != "meta" {
+			parts = append(parts, k+"="+orNone(m[k]))
+		}
+	}
+	return strings.Join(append([]string{"meta=" + orNone(m["meta"])}, parts...), " ")
+}
+
+// PairStreams are the streams that decide leadership: the failover
+// bucket's and the events stream.
+var PairStreams = []string{"KV_understudy_failover", "UNDERSTUDY_EVENTS"}
 
 func orNone(s string) string {
 	if s == "" {

@@ -196,7 +196,7 @@ func (l *Lab) Start(site, name, logPath string, env []string, argv ...string) (*
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Env = append(os.Environ(), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	if err := spawn(cmd); err != nil {
 		f.Close()
 		return nil, err
 	}
@@ -251,9 +251,32 @@ func (p *Proc) Stop(grace time.Duration) {
 	}
 }
 
+// spawns are the starts of processes, run by one goroutine locked to its
+// OS thread for the life of this process: PR_SET_PDEATHSIG fires when the
+// thread that forked the child exits, not the process, and the Go runtime
+// ends the threads of goroutines that exit while locked (a namespace switch
+// that could not be undone, in a library or here).
+var spawns = make(chan func())
+
+func init() {
+	go func() {
+		goruntime.LockOSThread() // never unlocked: this thread is the children's parent
+		for f := range spawns {
+			f()
+		}
+	}()
+}
+
+// spawn starts cmd on the spawner thread.
+func spawn(cmd *exec.Cmd) error {
+	done := make(chan error, 1)
+	spawns <- func() { done <- cmd.Start() }
+	return <-done
+}
+
 // HTTPGet fetches http://addr/path from inside a site's namespace: the
-// socket is created on an OS thread moved into that namespace, which is
-// thrown away afterwards (the goroutine exits locked).
+// socket is created on an OS thread moved into that namespace for the dial
+// and moved back after it.
 func (l *Lab) HTTPGet(site, addr, path string, timeout time.Duration) ([]byte, error) {
 	type result struct {
 		conn net.Conn
@@ -261,18 +284,30 @@ func (l *Lab) HTTPGet(site, addr, path string, timeout time.Duration) ([]byte, e
 	}
 	ch := make(chan result, 1)
 	go func() {
-		goruntime.LockOSThread() // never unlocked: the thread ends with this goroutine
+		goruntime.LockOSThread()
+		home, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+		if err != nil {
+			goruntime.UnlockOSThread()
+			ch <- result{err: err}
+			return
+		}
+		defer home.Close()
 		f, err := os.Open("/var/run/netns/" + l.Sites[site].NS)
 		if err != nil {
+			goruntime.UnlockOSThread()
 			ch <- result{err: err}
 			return
 		}
 		defer f.Close()
 		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			// unchanged or half-changed: let the thread go with the goroutine
 			ch <- result{err: fmt.Errorf("setns %s: %w", l.Sites[site].NS, err)}
 			return
 		}
 		c, err := net.DialTimeout("tcp", addr, timeout)
+		if unix.Setns(int(home.Fd()), unix.CLONE_NEWNET) == nil {
+			goruntime.UnlockOSThread() // back home: the thread may serve others
+		} // else it stays locked and ends with this goroutine
 		ch <- result{c, err}
 	}()
 	r := <-ch

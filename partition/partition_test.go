@@ -30,6 +30,8 @@ const (
 	settle      = 15 * time.Second // after the heal, before judging
 	baselineFor = 3 * time.Second  // site-a alone serving this long before the fault
 	startWithin = 60 * time.Second // for the cluster to elect site-a
+	// placementWithin bounds the wait for assets.preferred_leader to hold.
+	placementWithin = 15 * time.Second
 )
 
 // scenario is one fault on a fresh three-site cluster whose pair is served
@@ -580,6 +582,22 @@ func (r *scenarioRun) execute(ctx context.Context, bin Binaries, preferred strin
 			return
 		}
 	}
+	// The nodes start once the cluster is formed: a meta leader and both
+	// other peers current. (A node started earlier may find its first
+	// provisioning attempt waiting out its timeout, or refused for want of
+	// peers: the scenarios are about partitions, not the cluster's birth.)
+	metaBy := time.Now().Add(30 * time.Second)
+	for {
+		ok, why := c.MetaReady("w")
+		if ok {
+			break
+		}
+		if time.Now().After(metaBy) || ctx.Err() != nil {
+			r.logf("JetStream cluster not formed after 30s (%s); starting the nodes anyway", why)
+			break
+		}
+		sleep(ctx, 200*time.Millisecond)
+	}
 	for _, s := range []string{"a", "b"} {
 		if err := c.StartNode(s); err != nil {
 			r.fail("setup: node %s: %v", s, err)
@@ -596,6 +614,12 @@ func (r *scenarioRun) execute(ctx context.Context, bin Binaries, preferred strin
 		if err != nil {
 			r.fail("oracle: %v", err)
 			return
+		}
+		for _, site := range []string{"a", "b"} {
+			if p := c.Node(site); !p.Running() {
+				r.fail("setup: %s: understudy serve exited at start (%v): %s", nodeSite[site], p.ExitErr(), lastLine(c.NodeLog(site)))
+				return
+			}
 		}
 		now := time.Now()
 		if on := ServingAt(Serving(evs, now), now); len(on) == 1 && on[0] == NodeA {
@@ -616,6 +640,10 @@ func (r *scenarioRun) execute(ctx context.Context, bin Binaries, preferred strin
 		sleep(ctx, 200*time.Millisecond)
 	}
 
+	if preferred != "" {
+		r.awaitPlacement(ctx, preferred)
+	}
+
 	if err := r.sc.fault(ctx, r); err != nil {
 		r.fail("fault: %v", err)
 	}
@@ -625,6 +653,37 @@ func (r *scenarioRun) execute(ctx context.Context, bin Binaries, preferred strin
 	sleep(ctx, settle)
 	r.res.End = time.Now()
 	r.judge(ctx)
+}
+
+// lastLine is a log file's last non-empty line.
+func lastLine(path string) string {
+	raw, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
+	return lines[len(lines)-1]
+}
+
+// awaitPlacement waits (up to placementWithin) for the pair's streams to be
+// led by the preferred server, the steady state assets.preferred_leader
+// asks for, so that a fault meets the cluster as it runs for months rather
+// than in its first seconds. It does not judge: the run goes on either way.
+func (r *scenarioRun) awaitPlacement(ctx context.Context, preferred string) {
+	t0 := time.Now()
+	for {
+		m, err := r.c.LeaderMap("w")
+		placed := err == nil
+		for _, s := range PairStreams {
+			placed = placed && m[s] == preferred
+		}
+		if placed {
+			r.logf("pair streams led by %s after %s", preferred, time.Since(t0).Round(100*time.Millisecond))
+			return
+		}
+		if time.Since(t0) > placementWithin || ctx.Err() != nil {
+			r.logf("pair streams NOT led by the preferred %s after %s: %s", preferred, placementWithin, r.c.Leaders("w"))
+			return
+		}
+		sleep(ctx, 250*time.Millisecond)
+	}
 }
 
 // judge reads the oracle, the processes, the logs and the replayed record.
@@ -696,12 +755,26 @@ func (r *scenarioRun) judge(ctx context.Context) {
 	}
 
 	// The record, replayed: no split brain either.
+	// JetStream may still be electing leaders after the heal (an isolated
+	// server comes back with a higher raft term and unseats them): the
+	// export is retried for a while, as an operator would.
 	rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	rep, err := c.ExportReplay(rctx, r.witnessOr("b"))
-	if err != nil {
-		r.fail("export/replay: %v", err)
-		return
+	var rep *Replay
+	for attempt := 1; ; attempt++ {
+		rep, err = c.ExportReplay(rctx, r.witnessOr("b"))
+		if err == nil {
+			if attempt > 1 {
+				r.logf("export succeeded at attempt %d", attempt)
+			}
+			break
+		}
+		if attempt == 15 || rctx.Err() != nil {
+			r.fail("export/replay: %v", err)
+			return
+		}
+		r.logf("export attempt %d: %v", attempt, err)
+		sleep(rctx, 2*time.Second)
 	}
 	res.ReplaySplitBrain, res.ReplayFailovers, res.ReplayTenures = len(rep.SplitBrain), len(rep.Failovers), len(rep.Leadership)
 	for _, sb := range rep.SplitBrain {
