@@ -9,6 +9,9 @@ import (
 	"log/slog"
 	"maps"
 	"path/filepath"
+	"runtime/debug"
+	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -170,12 +173,14 @@ func StartAgent(ctx context.Context, nc *nats.Conn, fleetBucket, stream string, 
 		return nil, err
 	}
 	proc := resources.NewProcess()
+	proc.StateDir = cfg.StateDir
 	reg, lv := agentRegistry(cfg, proc, logger)
 	// life ends when Stop begins: every reconciler call in flight is cut
 	// off then, so a stop never waits out a hung call or a long init step.
 	life, end := context.WithCancel(context.Background())
 	aa := &agentActor{cfg: cfg, nc: nc, kv: kv, log: evlog, logger: logger, reg: reg, libvirt: lv, proc: proc, life: life,
-		children: map[string]*actor.PID{}, keys: map[string]string{}, apps: map[string]*appender{},
+		children: map[string]*actor.PID{}, keys: map[string]string{}, trails: map[string]*resourceTrail{}, audit: map[string]string{},
+		journal: loadJournal(cfg.StateDir, cfg.ID, logger),
 		status: agent.Status{Agent: cfg.ID, Resources: map[string]agent.ResourceStatus{}, Conditions: []agent.Condition{}, Version: Version}}
 	a := &Agent{engine: engine, end: end, actor: aa}
 	a.pid = engine.Spawn(func() actor.Receiver { return aa }, "agent", actor.WithID(cfg.ID))
@@ -202,7 +207,11 @@ type (
 		id string
 		st agent.ResourceStatus
 	}
-	resourceGone struct{ id string }
+	// resourceGone: the actor pid of resource id deleted it and stops.
+	resourceGone struct {
+		id  string
+		pid *actor.PID
+	}
 	presenceTick struct{}
 	// flushStatus writes the status once for every update queued before it.
 	flushStatus struct{}
@@ -221,6 +230,8 @@ type agentActor struct {
 	proc     *resources.Process
 	libvirt  *libvirt.DriverProcess // the libvirt kinds' understudy-libvirt
 	started  time.Time
+	engine   *actor.Engine
+	self     *actor.PID
 	ctx      context.Context
 	cancel   context.CancelFunc
 	sub      *nats.Subscription
@@ -236,10 +247,23 @@ type agentActor struct {
 	// reportedRev is the last revision of an undecodable manifest logged
 	// (once each).
 	reportedRev uint64
-	apps        map[string]*appender
+	trails      map[string]*resourceTrail // guarded by trailsMu (teardown)
+	trailsMu    sync.Mutex
+	audit       map[string]string // id → why its trail is interrupted
+	journal     *agentJournal
+	spawned     uint64 // numbers resource actors: an id's next actor never meets its last
 }
 
 func (a *agentActor) Receive(c *actor.Context) {
+	defer func() {
+		// A panic here must not restart the agent with fresh state (nor,
+		// after three, stop it for good): report it and carry on.
+		if p := recover(); p != nil {
+			a.logger.Error("agent: panic handling a message; carrying on", "message", fmt.Sprintf("%T", c.Message()), "panic", p, "stack", string(debug.Stack()))
+			a.condition("Healthy", false, "Panicked", fmt.Sprintf("handling %T: %v", c.Message(), p))
+			a.changed(c)
+		}
+	}()
 	switch m := c.Message().(type) {
 	case actor.Started:
 		a.startedAt(c)
@@ -251,9 +275,20 @@ func (a *agentActor) Receive(c *actor.Context) {
 		a.status.Resources[m.id] = m.st
 		a.changed(c)
 	case resourceGone:
-		delete(a.status.Resources, m.id)
+		if a.children[m.id] != nil && a.children[m.id].ID != m.pid.ID {
+			return // an older actor of the id: its successor runs
+		}
 		delete(a.children, m.id)
 		delete(a.keys, m.id)
+		if !a.unknownKind(m.id) {
+			delete(a.status.Resources, m.id)
+			delete(a.audit, m.id)
+		}
+		a.changed(c)
+	case trailBroken:
+		a.audit[m.id] = fmt.Sprintf("interrupted at %s: another process appended to %s (%v); events queued then are lost, later ones follow the foreign message",
+			m.at.UTC().Format(time.RFC3339), agent.Subject(a.cfg.ID, m.id), m.err)
+		a.logger.Error("agent: a resource's audit trail was interrupted by another writer", "resource", m.id, "err", m.err)
 		a.changed(c)
 	case flushStatus:
 		a.flushQueued = false
@@ -275,6 +310,7 @@ func (a *agentActor) changed(c *actor.Context) {
 
 func (a *agentActor) startedAt(c *actor.Context) {
 	a.started = time.Now()
+	a.engine, a.self = c.Engine(), c.PID()
 	a.ctx, a.cancel = context.WithCancel(a.life)
 	if e, err := a.kv.Get(a.ctx, agent.ActualKey(a.cfg.ID)); err == nil {
 		a.rev = e.Revision
@@ -336,9 +372,23 @@ func (a *agentActor) stopped() {
 func (a *agentActor) teardown() {
 	a.proc.StopAll()
 	_ = a.libvirt.Close() // and with it the libvirt connections
-	for _, ap := range a.apps {
-		ap.stop()
+	a.trailsMu.Lock()
+	defer a.trailsMu.Unlock()
+	for _, t := range a.trails {
+		t.stop()
 	}
+}
+
+// unknownKind reports whether the manifest has id with a kind this agent
+// does not know.
+func (a *agentActor) unknownKind(id string) bool {
+	for _, r := range a.manifest.Resources {
+		if r.ID == id {
+			_, err := a.reg.Get(r.Kind)
+			return err != nil
+		}
+	}
+	return false
 }
 
 // command answers device-commands.<agent>.<verb> (on a NATS goroutine).
@@ -391,8 +441,9 @@ func (a *agentActor) onManifest(c *actor.Context, mm manifestMsg) {
 	if err == nil && m.Agent != a.cfg.ID {
 		err = fmt.Errorf("manifest: agent: names %s, not this agent (%s)", m.Agent, a.cfg.ID)
 	}
+	var specErrs map[int]error
 	if err == nil {
-		err = m.Validate(a.reg, false)
+		err, specErrs = m.Check(a.reg, false)
 	}
 	if err != nil {
 		// A bad manifest in KV (written around apply's checks): keep what
@@ -416,63 +467,153 @@ func (a *agentActor) onManifest(c *actor.Context, mm manifestMsg) {
 	a.condition("ManifestValid", true, "", "")
 	a.manifest = m
 	a.status.ManifestGeneration = m.Generation
-	start, update, stop := agent.Diff(a.keys, m)
-	for _, id := range stop {
-		if pid := a.children[id]; pid != nil {
-			c.Send(pid, deleteResource{})
-		} else {
-			delete(a.status.Resources, id)
-			delete(a.keys, id)
+	want := map[string]bool{}
+	for _, r := range m.Resources {
+		want[r.ID] = true
+	}
+	// What left the manifest: its actor deletes it; what a previous run
+	// of the agent managed (the journal) and no actor runs was removed
+	// while the agent was away: an actor deletes it now.
+	// The journal first: a crash from here on leaves nothing it does not
+	// know of.
+	var managed []agent.Resource
+	for i, r := range m.Resources {
+		if _, err := a.reg.Get(r.Kind); err == nil && specErrs[i] == nil {
+			managed = append(managed, r)
 		}
 	}
-	changed := map[string]bool{}
-	for _, r := range append(start, update...) {
-		changed[r.ID] = true
-		a.keys[r.ID] = agent.SpecKey(r)
+	a.journal.manages(managed...)
+	for _, id := range slices.Sorted(maps.Keys(a.children)) {
+		if !want[id] && a.keys[id] != "" {
+			c.Send(a.children[id], deleteResource{})
+		}
+	}
+	for _, id := range a.journal.ids() {
+		if want[id] || a.children[id] != nil {
+			continue
+		}
+		cur, old := a.journal.get(id)
+		gone := cur
+		if gone == nil {
+			gone, old = old, nil
+		}
+		rec, err := a.reg.Get(gone.Kind)
+		if err != nil {
+			a.logger.Warn("agent: forgetting a resource of a kind this agent has no reconciler for", "resource", id, "kind", gone.Kind)
+			a.journal.gone(id)
+			continue
+		}
+		ra := a.newManaged(*gone, rec, m.Generation, old)
+		ra.deleting = true
+		a.status.Resources[id] = agent.ResourceStatus{Kind: gone.Kind, Phase: agent.Pending, Since: time.Now().UTC(), Generation: m.Generation}
+		a.spawn(c, id, ra)
+	}
+	for id := range a.keys {
+		if !want[id] {
+			delete(a.keys, id)
+			if a.children[id] == nil { // of an unknown kind: nothing to delete
+				delete(a.status.Resources, id)
+				delete(a.audit, id)
+			}
+		}
 	}
 	// Every resource of the manifest is reconciled against its generation,
 	// changed or not: its status says which generation it is for.
-	for _, r := range m.Resources {
+	for i, r := range m.Resources {
 		pid := a.children[r.ID]
+		changed := a.keys[r.ID] != agent.SpecKey(r)
 		rec, err := a.reg.Get(r.Kind)
 		switch {
 		case err != nil:
 			// Kept and reported, never dropped: the rest still converge.
+			// What ran under this id before (another kind) is deleted.
 			if pid != nil {
-				c.Send(pid, deleteResource{keep: true})
-				delete(a.children, r.ID)
+				c.Send(pid, deleteResource{})
 			}
 			st := agent.ResourceStatus{Kind: r.Kind, Phase: agent.UnknownResource, Since: time.Now().UTC(), Generation: m.Generation,
 				Error: fmt.Sprintf("no reconciler for kind %s on this agent (kinds: %v)", r.Kind, a.reg.Kinds())}
-			if old, ok := a.status.Resources[r.ID]; ok && !changed[r.ID] {
+			if old, ok := a.status.Resources[r.ID]; ok && !changed && old.Phase == agent.UnknownResource {
 				st.Since = old.Since
 			}
 			a.status.Resources[r.ID] = st
-			if changed[r.ID] {
+			if changed {
 				a.event(r.ID, &agent.PhaseChanged{Agent: a.cfg.ID, ID: r.ID, Kind: r.Kind, Generation: m.Generation, Phase: st.Phase, Error: st.Error})
 			}
+			a.keys[r.ID] = agent.SpecKey(r)
+		case specErrs[i] != nil:
+			// This resource's spec only: it keeps what it runs (its actor
+			// its last spec), and says why; the rest converge.
+			msg := "spec refused, keeping the last one: " + specErrs[i].Error()
+			st := agent.ResourceStatus{Kind: r.Kind, Phase: agent.Failed, Since: time.Now().UTC(), Generation: m.Generation, Error: msg}
+			if old, ok := a.status.Resources[r.ID]; ok && old.Phase == agent.Failed && old.Error == msg {
+				st.Since = old.Since
+			}
+			a.status.Resources[r.ID] = st
+			if changed {
+				a.event(r.ID, &agent.PhaseChanged{Agent: a.cfg.ID, ID: r.ID, Kind: r.Kind, Generation: m.Generation, Phase: st.Phase, Error: msg})
+			}
 		case pid != nil:
-			c.Send(pid, specMsg{r: r, gen: m.Generation})
+			a.keys[r.ID] = agent.SpecKey(r)
+			c.Send(pid, specMsg{r: r, rec: rec, gen: m.Generation})
 		default:
+			// What the journal says ran under this id: of another kind, it
+			// is deleted before this one runs.
+			cur, old := a.journal.get(r.ID)
+			if old == nil && cur != nil && cur.Kind != r.Kind {
+				old = cur
+			}
+			var oldRec resources.Reconciler
+			if old != nil {
+				if oldRec, err = a.reg.Get(old.Kind); err != nil {
+					old = nil
+				}
+			}
+			a.keys[r.ID] = agent.SpecKey(r)
 			a.status.Resources[r.ID] = agent.ResourceStatus{Kind: r.Kind, Phase: agent.Pending, Since: time.Now().UTC(), Generation: m.Generation}
-			ra := &managedActor{agent: a.cfg.ID, cfg: a.cfg, life: a.life, rec: rec, r: r, gen: m.Generation, log: a.appenderFor(r.ID), logger: a.logger.With("resource", r.ID)}
-			a.children[r.ID] = c.SpawnChild(func() actor.Receiver { return ra }, "resource", actor.WithID(r.ID))
+			ra := a.newManaged(r, rec, m.Generation, nil)
+			if old != nil {
+				ra.pending, ra.pendingRec = old, oldRec
+			}
+			a.spawn(c, r.ID, ra)
 		}
 	}
 	a.changed(c)
 }
 
-func (a *agentActor) appenderFor(id string) *appender {
-	ap := a.apps[id]
-	if ap == nil {
-		ap = newAppender(a.log, agent.Subject(a.cfg.ID, id), a.logger)
-		ap.start()
-		a.apps[id] = ap
+// newManaged returns the actor of resource r (not yet spawned); old, when
+// set, is a resource of the id the actor deletes first.
+func (a *agentActor) newManaged(r agent.Resource, rec resources.Reconciler, gen uint64, old *agent.Resource) *managedActor {
+	ra := &managedActor{agent: a.cfg.ID, cfg: a.cfg, life: a.life, rec: rec, r: r, gen: gen, log: a.trailFor(r.ID),
+		logger: a.logger.With("resource", r.ID), journal: a.journal}
+	if old != nil {
+		if orec, err := a.reg.Get(old.Kind); err == nil {
+			ra.pending, ra.pendingRec = old, orec
+		}
 	}
-	return ap
+	return ra
 }
 
-func (a *agentActor) event(id string, ev events.Event) { a.appenderFor(id).add(ev) }
+func (a *agentActor) spawn(c *actor.Context, id string, ra *managedActor) {
+	a.spawned++
+	a.children[id] = c.SpawnChild(func() actor.Receiver { return ra }, "resource", actor.WithID(id+"."+strconv.FormatUint(a.spawned, 10)))
+}
+
+// trailFor returns the audit trail of resource id.
+func (a *agentActor) trailFor(id string) *resourceTrail {
+	a.trailsMu.Lock()
+	defer a.trailsMu.Unlock()
+	t := a.trails[id]
+	if t == nil {
+		engine, self := a.engine, a.self
+		t = newResourceTrail(a.log, agent.Subject(a.cfg.ID, id), a.logger, func(err error) {
+			engine.Send(self, trailBroken{id: id, err: err, at: time.Now()})
+		})
+		a.trails[id] = t
+	}
+	return t
+}
+
+func (a *agentActor) event(id string, ev events.Event) { a.trailFor(id).add(ev) }
 
 // publish recomputes the observed generation and writes the status by CAS
 // on the revision of the agent's own last write.
@@ -492,9 +633,21 @@ func (a *agentActor) publish() {
 		reason = "AllReady"
 	}
 	a.condition("Converged", conv, reason, "")
+	audit := "AuditTrail"
+	if len(a.audit) == 0 {
+		a.condition(audit, true, "", "")
+	} else {
+		a.condition(audit, false, "Interrupted", fmt.Sprintf("another process appended to the trail of %v", slices.Sorted(maps.Keys(a.audit))))
+	}
 	a.status.Updated = time.Now().UTC()
 	snap := a.status
 	snap.Resources = maps.Clone(a.status.Resources)
+	for id, why := range a.audit {
+		if r, ok := snap.Resources[id]; ok {
+			r.Audit = why
+			snap.Resources[id] = r
+		}
+	}
 	a.statusMu.Lock()
 	a.snapshot = snap
 	a.statusMu.Unlock()
@@ -562,30 +715,45 @@ func hexPrefix(b []byte) string {
 type (
 	specMsg struct {
 		r   agent.Resource
+		rec resources.Reconciler // the reconciler of r's kind
 		gen uint64
 	}
-	deleteResource struct{ keep bool } // keep: stop the actor without deleting the resource
+	deleteResource struct{}
 	managedTick    struct{ n uint64 }
 )
 
+// recoverer is a reconciler that cleans up after a crash of an earlier
+// agent (the file kind's temporary files) when an actor starts managing a
+// resource. Optional.
+type recoverer interface {
+	Recover(ctx context.Context, id string, spec resources.Spec) error
+}
+
 // managedActor reconciles one resource: at start and on every spec,
-// again on a timer (drift), and after failures with backoff.
+// again on a timer (drift), and after failures with backoff. A resource
+// whose kind changed is deleted as the old kind (pending) before the new
+// one runs. Every reconciler call is bounded (callCtx) and a panic in one
+// fails the resource, never the agent.
 type managedActor struct {
-	deleting bool // removed from the manifest; deleting until it succeeds
-	agent    string
-	cfg      AgentConfig
-	life     context.Context // the agent's: its calls end with it
-	rec      resources.Reconciler
-	r        agent.Resource
-	gen      uint64
-	log      *appender
-	logger   *slog.Logger
-	failures int
-	phase    agent.Phase
-	since    time.Time
-	last     agent.ResourceStatus // the last status reported
-	tick     uint64
-	timer    *time.Timer
+	deleting   bool // removed from the manifest; deleting until it succeeds
+	agent      string
+	cfg        AgentConfig
+	life       context.Context // the agent's: its calls end with it
+	rec        resources.Reconciler
+	r          agent.Resource
+	pending    *agent.Resource // what ran under this id as another kind: deleted first
+	pendingRec resources.Reconciler
+	recovered  bool
+	gen        uint64
+	log        *resourceTrail
+	journal    *agentJournal
+	logger     *slog.Logger
+	failures   int
+	phase      agent.Phase
+	since      time.Time
+	last       agent.ResourceStatus // the last status reported
+	tick       uint64
+	timer      *time.Timer
 }
 
 func (ra *managedActor) Receive(c *actor.Context) {
@@ -601,7 +769,12 @@ func (ra *managedActor) Receive(c *actor.Context) {
 		}
 	case specMsg:
 		changed := agent.SpecKey(m.r) != agent.SpecKey(ra.r)
-		ra.r, ra.gen = m.r, m.gen
+		if m.r.Kind != ra.r.Kind && ra.pending == nil {
+			// Another kind under the same id: the old one goes first.
+			old := ra.r
+			ra.pending, ra.pendingRec = &old, ra.rec
+		}
+		ra.r, ra.rec, ra.gen = m.r, m.rec, m.gen
 		if changed || ra.deleting {
 			// Back in the manifest while its delete was failing: reconcile.
 			ra.deleting, ra.failures = false, 0
@@ -613,13 +786,19 @@ func (ra *managedActor) Receive(c *actor.Context) {
 		if m.n != ra.tick {
 			return
 		}
+		if !ra.recovered {
+			ra.recovered = true
+			ra.recover()
+		}
 		switch {
 		case ra.deleting:
 			ra.delete(c)
 		case ra.phase == agent.Ready:
-			ctx, cancel := ra.callCtx()
-			o, err := ra.rec.Observe(ctx, ra.r.ID, ra.r.Spec)
-			cancel()
+			var o resources.Observation
+			err := ra.call(ra.rec, "observe", func(ctx context.Context) (err error) {
+				o, err = ra.rec.Observe(ctx, ra.r.ID, ra.r.Spec)
+				return err
+			})
 			if err == nil && o.InSync {
 				ra.schedule(c, ra.cfg.ObserveInterval)
 				return
@@ -636,22 +815,74 @@ func (ra *managedActor) Receive(c *actor.Context) {
 		if ra.timer != nil {
 			ra.timer.Stop()
 		}
-		if m.keep {
-			c.Engine().Poison(c.PID())
-			return
-		}
 		ra.deleting, ra.failures = true, 0
 		ra.delete(c)
 	}
+}
+
+// recover lets the kinds clean up what a crashed agent left of the
+// resource (and of the kind it replaces).
+func (ra *managedActor) recover() {
+	for _, x := range []struct {
+		rec resources.Reconciler
+		r   *agent.Resource
+	}{{ra.pendingRec, ra.pending}, {ra.rec, &ra.r}} {
+		if rc, ok := x.rec.(recoverer); ok && x.r != nil {
+			if err := ra.call(x.rec, "recover", func(ctx context.Context) error { return rc.Recover(ctx, x.r.ID, x.r.Spec) }); err != nil {
+				ra.logger.Warn("resource: cleaning up after an earlier agent failed", "kind", x.r.Kind, "err", err)
+			}
+		}
+	}
+}
+
+// call runs one reconciler call within callCtx; a panic in it is an
+// error of this resource (with the stack in the log), not of the agent.
+func (ra *managedActor) call(rec resources.Reconciler, what string, f func(ctx context.Context) error) (err error) {
+	ctx, cancel := ra.callCtx()
+	defer cancel()
+	defer func() {
+		if p := recover(); p != nil {
+			ra.logger.Error("resource: reconciler panicked", "kind", rec.Kind(), "call", what, "panic", p, "stack", string(debug.Stack()))
+			err = fmt.Errorf("the %s kind's %s panicked: %v", rec.Kind(), what, p)
+		}
+	}()
+	err = f(ctx)
+	if err != nil && ctx.Err() != nil && ra.life.Err() == nil {
+		err = fmt.Errorf("%s cut off after agent.call_timeout %v: %w", what, ra.cfg.CallTimeout, err)
+	}
+	return err
+}
+
+// deletePending deletes what ran under this id as another kind; false
+// when that failed (reported, retried with backoff).
+func (ra *managedActor) deletePending(c *actor.Context) bool {
+	if ra.pending == nil {
+		return true
+	}
+	old := *ra.pending
+	err := ra.call(ra.pendingRec, "delete", func(ctx context.Context) error { return ra.pendingRec.Delete(ctx, old.ID, old.Spec) })
+	if err != nil {
+		if ra.life.Err() != nil {
+			return false
+		}
+		ra.log.add(&agent.Deleted{Agent: ra.agent, ID: old.ID, Kind: old.Kind, Error: err.Error()})
+		ra.fail(c, fmt.Errorf("replacing kind %s by %s: delete of the %s failed: %w", old.Kind, ra.r.Kind, old.Kind, err), nil)
+		return false
+	}
+	ra.log.add(&agent.Deleted{Agent: ra.agent, ID: old.ID, Kind: old.Kind})
+	ra.pending, ra.pendingRec = nil, nil
+	ra.journal.replacedGone(old.ID)
+	return true
 }
 
 // delete removes the resource; a failed delete is reported (Failed, with
 // the error) and retried with backoff until it succeeds or the resource
 // returns to the manifest — what it left behind is never forgotten.
 func (ra *managedActor) delete(c *actor.Context) {
-	ctx, cancel := ra.callCtx()
-	err := ra.rec.Delete(ctx, ra.r.ID, ra.r.Spec)
-	cancel()
+	if !ra.deletePending(c) {
+		return
+	}
+	err := ra.call(ra.rec, "delete", func(ctx context.Context) error { return ra.rec.Delete(ctx, ra.r.ID, ra.r.Spec) })
 	if err != nil {
 		if ra.life.Err() != nil {
 			return // the agent is stopping: the next one deletes it
@@ -667,7 +898,8 @@ func (ra *managedActor) delete(c *actor.Context) {
 		return
 	}
 	ra.log.add(&agent.Deleted{Agent: ra.agent, ID: ra.r.ID, Kind: ra.r.Kind})
-	c.Send(c.Parent(), resourceGone{id: ra.r.ID})
+	ra.journal.gone(ra.r.ID)
+	c.Send(c.Parent(), resourceGone{id: ra.r.ID, pid: c.PID()})
 	c.Engine().Poison(c.PID())
 }
 
@@ -706,12 +938,14 @@ func (ra *managedActor) reconcile(c *actor.Context, drift string) {
 		}
 	}
 	ra.report(c, agent.ResourceStatus{Phase: agent.Reconciling}, &agent.PhaseChanged{Drift: drift})
-	ctx, cancel := ra.callCtx()
-	o, err := ra.rec.Reconcile(ctx, ra.r.ID, ra.r.Spec)
-	if err != nil && ctx.Err() != nil {
-		err = fmt.Errorf("reconcile cut off after agent.call_timeout %v: %w", ra.cfg.CallTimeout, err)
+	if !ra.deletePending(c) {
+		return
 	}
-	cancel()
+	var o resources.Observation
+	err := ra.call(ra.rec, "reconcile", func(ctx context.Context) (err error) {
+		o, err = ra.rec.Reconcile(ctx, ra.r.ID, ra.r.Spec)
+		return err
+	})
 	switch {
 	case err == nil && o.InSync:
 		ra.failures = 0
@@ -723,14 +957,19 @@ func (ra *managedActor) reconcile(c *actor.Context, drift string) {
 		if err == nil {
 			err = fmt.Errorf("still out of sync after reconcile: %s", o.Drift)
 		}
-		ra.failures++
-		wait := agent.Backoff(ra.failures, ra.cfg.RetryBase, ra.cfg.RetryMax)
-		retry := time.Now().Add(wait).UTC()
-		ra.report(c, agent.ResourceStatus{Phase: agent.Failed, Error: err.Error(), RetryAfter: &retry, Failures: ra.failures},
-			&agent.PhaseChanged{Error: err.Error(), RetryIn: wait})
-		ra.logger.Warn("resource failed; retrying", "kind", ra.r.Kind, "retry_in", wait, "failures", ra.failures, "err", err)
-		ra.schedule(c, wait)
+		ra.fail(c, err, o.Details)
 	}
+}
+
+// fail reports the resource Failed and retries it with backoff.
+func (ra *managedActor) fail(c *actor.Context, err error, details map[string]string) {
+	ra.failures++
+	wait := agent.Backoff(ra.failures, ra.cfg.RetryBase, ra.cfg.RetryMax)
+	retry := time.Now().Add(wait).UTC()
+	ra.report(c, agent.ResourceStatus{Phase: agent.Failed, Error: err.Error(), RetryAfter: &retry, Failures: ra.failures, Details: details},
+		&agent.PhaseChanged{Error: err.Error(), RetryIn: wait})
+	ra.logger.Warn("resource failed; retrying", "kind", ra.r.Kind, "retry_in", wait, "failures", ra.failures, "err", err)
+	ra.schedule(c, wait)
 }
 
 // report sends the status to the agent and records the transition.

@@ -72,40 +72,60 @@ func ParseManifestYAML(data []byte) (Manifest, error) {
 // a kind whose reconciler is resources.Named must not manage one thing
 // (two vm resources naming one libvirt domain).
 func (m Manifest) Validate(reg resources.Registry, strict bool) error {
+	shape, specs := m.Check(reg, strict)
+	if shape != nil {
+		return shape
+	}
+	for i := range m.Resources {
+		if err := specs[i]; err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Check is Validate in two parts: the manifest's own rules (agent, ids,
+// kinds, two resources managing one thing), which refuse it whole, and
+// the spec errors of single resources by index, which an agent reports
+// on those resources while the rest converge. A kind's Validate that
+// panics gives a spec error.
+func (m Manifest) Check(reg resources.Registry, strict bool) (error, map[int]error) {
 	if m.Agent == "" {
-		return &ManifestError{"agent", "required"}
+		return &ManifestError{"agent", "required"}, nil
 	}
 	if rule := CheckID(m.Agent); rule != "" {
-		return &ManifestError{"agent", rule + " (got " + m.Agent + ")"}
+		return &ManifestError{"agent", rule + " (got " + m.Agent + ")"}, nil
 	}
 	if len(m.Resources) > MaxResources {
-		return &ManifestError{"resources", fmt.Sprintf("at most %d (got %d)", MaxResources, len(m.Resources))}
+		return &ManifestError{"resources", fmt.Sprintf("at most %d (got %d)", MaxResources, len(m.Resources))}, nil
 	}
+	specs := map[int]error{}
 	seen := map[string]int{}
 	named := map[[2]string]int{} // kind, identity → index
 	for i, r := range m.Resources {
 		f := func(name string) string { return fmt.Sprintf("resources[%d].%s", i, name) }
 		switch {
 		case r.ID == "":
-			return &ManifestError{f("id"), "required"}
+			return &ManifestError{f("id"), "required"}, nil
 		case CheckID(r.ID) != "":
-			return &ManifestError{f("id"), CheckID(r.ID) + " (got " + r.ID + ")"}
+			return &ManifestError{f("id"), CheckID(r.ID) + " (got " + r.ID + ")"}, nil
 		case r.Kind == "":
-			return &ManifestError{f("kind"), "required"}
+			return &ManifestError{f("kind"), "required"}, nil
 		}
 		if j, dup := seen[r.ID]; dup {
-			return &ManifestError{f("id"), fmt.Sprintf("%s is also resources[%d].id: ids must be unique", r.ID, j)}
+			return &ManifestError{f("id"), fmt.Sprintf("%s is also resources[%d].id: ids must be unique", r.ID, j)}, nil
 		}
 		seen[r.ID] = i
 		rec, err := reg.Get(r.Kind)
 		if err != nil {
 			if strict {
-				return &ManifestError{f("kind"), fmt.Sprintf("unknown kind %s (known: %v)", r.Kind, reg.Kinds())}
+				return &ManifestError{f("kind"), fmt.Sprintf("unknown kind %s (known: %v)", r.Kind, reg.Kinds())}, nil
 			}
 			continue
 		}
-		if err := rec.Validate(r.Spec); err != nil {
-			return &ManifestError{f("spec"), err.Error()}
+		if err := validateSpec(rec, r.Spec); err != nil {
+			specs[i] = &ManifestError{f("spec"), err.Error()}
+			continue
 		}
 		if n, ok := rec.(resources.Named); ok {
 			key := [2]string{r.Kind, n.Identity(r.ID, r.Spec)}
@@ -113,12 +133,22 @@ func (m Manifest) Validate(reg resources.Registry, strict bool) error {
 				continue
 			}
 			if j, dup := named[key]; dup {
-				return &ManifestError{f("spec"), fmt.Sprintf("%s manages %s, as resources[%d] (%s) does: two resources cannot manage one thing; give one of them another name", r.ID, key[1], j, m.Resources[j].ID)}
+				return &ManifestError{f("spec"), fmt.Sprintf("%s manages %s, as resources[%d] (%s) does: two resources cannot manage one thing; give one of them another name", r.ID, key[1], j, m.Resources[j].ID)}, nil
 			}
 			named[key] = i
 		}
 	}
-	return nil
+	return nil, specs
+}
+
+// validateSpec is rec.Validate, with a panic turned into an error.
+func validateSpec(rec resources.Reconciler, spec resources.Spec) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("the %s kind's validation panicked: %v", rec.Kind(), p)
+		}
+	}()
+	return rec.Validate(spec)
 }
 
 // EncodeManifest and DecodeManifest are the wire form (msgpack). A manifest

@@ -33,6 +33,10 @@ type ResourceStatus struct {
 	Failures   int               `msgpack:"failures,omitempty" json:"failures,omitempty"`
 	// Generation is the manifest generation this status is for.
 	Generation uint64 `msgpack:"gen" json:"generation"`
+	// Audit says the resource's event trail (ev.agent.<agent>.<id>) was
+	// interrupted: another process appended to it, and events this agent
+	// queued then were lost. "" while the trail is whole.
+	Audit string `msgpack:"audit,omitempty" json:"audit,omitempty"`
 }
 
 // Condition is an agent-wide fact ("Converged", "ManifestInvalid").
