@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"os"
 	"path/filepath"
 	"runtime/debug"
 	"slices"
@@ -61,6 +62,8 @@ type AgentConfig struct {
 	// processes it started, the files it wrote. Default:
 	// DefaultDataDir()/agent/<id>.
 	StateDir string
+	// kinds are added to the registry (tests: a kind that panics).
+	kinds []resources.Reconciler
 }
 
 // DefaultAgentCallTimeout is AgentConfig.CallTimeout's default.
@@ -94,6 +97,7 @@ type Agent struct {
 	pid      *actor.PID
 	end      context.CancelFunc // ends the agent's life (agentActor.life)
 	actor    *agentActor
+	lock     *os.File // the state directory's (lockStateDir)
 	stopOnce sync.Once
 }
 
@@ -145,6 +149,9 @@ func agentRegistry(cfg AgentConfig, proc *resources.Process, logger *slog.Logger
 	reg.Register(libvirt.NewVMReconciler(hv, cfg.ID))
 	reg.Register(libvirt.NewNetworkReconciler(hv, cfg.ID))
 	reg.Register(resources.NewContainer(cfg.Podman))
+	for _, k := range cfg.kinds {
+		reg.Register(k)
+	}
 	return reg, lv
 }
 
@@ -172,6 +179,10 @@ func StartAgent(ctx context.Context, nc *nats.Conn, fleetBucket, stream string, 
 	if err != nil {
 		return nil, err
 	}
+	lock, err := lockStateDir(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
 	proc := resources.NewProcess()
 	proc.StateDir = cfg.StateDir
 	reg, lv := agentRegistry(cfg, proc, logger)
@@ -181,8 +192,8 @@ func StartAgent(ctx context.Context, nc *nats.Conn, fleetBucket, stream string, 
 	aa := &agentActor{cfg: cfg, nc: nc, kv: kv, log: evlog, logger: logger, reg: reg, libvirt: lv, proc: proc, life: life,
 		children: map[string]*actor.PID{}, keys: map[string]string{}, trails: map[string]*resourceTrail{}, audit: map[string]string{},
 		journal: loadJournal(cfg.StateDir, cfg.ID, logger),
-		status: agent.Status{Agent: cfg.ID, Resources: map[string]agent.ResourceStatus{}, Conditions: []agent.Condition{}, Version: Version}}
-	a := &Agent{engine: engine, end: end, actor: aa}
+		status:  agent.Status{Agent: cfg.ID, Resources: map[string]agent.ResourceStatus{}, Conditions: []agent.Condition{}, Version: Version}}
+	a := &Agent{engine: engine, end: end, actor: aa, lock: lock}
 	a.pid = engine.Spawn(func() actor.Receiver { return aa }, "agent", actor.WithID(cfg.ID))
 	return a, nil
 }
@@ -195,6 +206,7 @@ func (a *Agent) Stop() {
 		a.end()
 		<-a.engine.Poison(a.pid).Done()
 		a.actor.teardown()
+		_ = a.lock.Close()
 	})
 }
 

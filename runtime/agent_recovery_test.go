@@ -30,6 +30,7 @@ func (w *agentWorld) crash() {
 			t.stop()
 		}
 		a.actor.trailsMu.Unlock()
+		_ = a.lock.Close() // the kernel releases a dead process's lock
 	})
 }
 
@@ -103,7 +104,11 @@ func TestAgentRemembersWhatItRunsAcrossACrash(t *testing.T) {
 		res("motd", "file", map[string]any{"path": motd, "content": "hi\n"}),
 		res("gone", "file", map[string]any{"path": gone, "content": "bye\n"}),
 	}})
-	t.Cleanup(func() { killAll(running("sleep", "3001")); killAll(running("sleep", "3002")); killAll(running("sleep", "3003")) })
+	t.Cleanup(func() {
+		killAll(running("sleep", "3001"))
+		killAll(running("sleep", "3002"))
+		killAll(running("sleep", "3003"))
+	})
 	s := w.waitStatus("converged", func(s agent.Status) bool { return s.ManifestGeneration == m.Generation && s.Converged() })
 	svcPid := s.Resources["svc"].Details["pid"]
 
@@ -152,6 +157,15 @@ func TestAgentRemembersWhatItRunsAcrossACrash(t *testing.T) {
 	w.a.Stop()
 	if p := running("sleep", "3001"); len(p) != 0 {
 		t.Errorf("svc outlived a clean stop: %v", p)
+	}
+}
+
+// Two agents never share a state directory.
+func TestAgentStateDirIsItsOwn(t *testing.T) {
+	cfg := AgentConfig{ID: "r7", StateDir: t.TempDir()}
+	w := startAgentWorld(t, cfg)
+	if _, err := StartAgent(context.Background(), w.nc, w.nats.names.FleetBucket, w.nats.names.EventsStream, cfg, nil); err == nil || !strings.Contains(err.Error(), "is in use by another agent") {
+		t.Fatalf("a second agent on one state directory: %v", err)
 	}
 }
 
@@ -302,4 +316,41 @@ func TestAgentReportsAnInterruptedAuditTrail(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// panicKind panics in every call but Validate.
+type panicKind struct{}
+
+func (panicKind) Kind() string                  { return "panic" }
+func (panicKind) Validate(resources.Spec) error { return nil }
+func (panicKind) Observe(context.Context, string, resources.Spec) (resources.Observation, error) {
+	panic("observe")
+}
+func (panicKind) Reconcile(context.Context, string, resources.Spec) (resources.Observation, error) {
+	panic("boom")
+}
+func (panicKind) Delete(context.Context, string, resources.Spec) error { panic("delete") }
+
+// A reconciler that panics fails its resource, again and again with
+// backoff; the agent and the other resources carry on.
+func TestAgentAPanicStaysInItsResource(t *testing.T) {
+	w := startAgentWorld(t, AgentConfig{ID: "r6", ObserveInterval: time.Hour, RetryBase: 20 * time.Millisecond, RetryMax: 50 * time.Millisecond,
+		kinds: []resources.Reconciler{panicKind{}}})
+	path := filepath.Join(t.TempDir(), "a")
+	m := agent.Manifest{Agent: "r6", Resources: []agent.Resource{res("p", "panic", nil), res("a", "file", map[string]any{"path": path, "content": "a\n"})}}
+	m, _, err := ApplyManifest(context.Background(), w.fleet, m, w.a.actor.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := w.waitStatus("p failed 5 times, a ready", func(s agent.Status) bool {
+		return s.ManifestGeneration == m.Generation && s.Resources["p"].Failures >= 5 && s.Resources["a"].Phase == agent.Ready
+	})
+	if e := s.Resources["p"].Error; e != "the panic kind's reconcile panicked: boom" {
+		t.Errorf("error %q", e)
+	}
+	m = w.apply(agent.Manifest{Resources: []agent.Resource{res("a", "file", map[string]any{"path": path, "content": "b\n"})}})
+	w.waitStatus("a on the next generation, p's delete failing", func(s agent.Status) bool {
+		b, _ := os.ReadFile(path)
+		return s.ManifestGeneration == m.Generation && string(b) == "b\n" && strings.Contains(s.Resources["p"].Error, "delete panicked")
+	})
 }

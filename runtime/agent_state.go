@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"understudy/actors/agent"
@@ -247,4 +248,23 @@ type trailBroken struct {
 	id  string
 	err error
 	at  time.Time
+}
+
+// lockStateDir takes the state directory for this agent alone (an
+// exclusive flock on dir/lock, released by the kernel when the process
+// dies, however it dies): two agents sharing one journal would delete
+// each other's resources.
+func lockStateDir(dir string) (*os.File, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("agent state directory %s: %w", dir, err)
+	}
+	fh, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("agent state directory %s: %w", dir, err)
+	}
+	if err := syscall.Flock(int(fh.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		fh.Close()
+		return nil, fmt.Errorf("agent state directory %s is in use by another agent (%w): give each agent a directory of its own", dir, err)
+	}
+	return fh, nil
 }

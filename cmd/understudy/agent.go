@@ -46,7 +46,7 @@ agent. Follow the agent's progress with 'understudy get status --agent ID'.`,
 		if file == "" {
 			return usage(errors.New("give the manifest with -f FILE"))
 		}
-		data, err := os.ReadFile(file)
+		data, err := readManifestFile(file)
 		if err != nil {
 			return usage(err)
 		}
@@ -134,6 +134,9 @@ func newGetCmd(stdout io.Writer) *cobra.Command {
 				slices.Sort(parts)
 				detail = strings.Join(parts, " ")
 			}
+			if r.Audit != "" {
+				detail += " (audit trail " + r.Audit + ")"
+			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", id, r.Kind, r.Phase, r.Since.Format(time.RFC3339), detail)
 		}
 		if err := tw.Flush(); err != nil {
@@ -177,4 +180,33 @@ func newPingCmd(stdout io.Writer) *cobra.Command {
 		return nil
 	}
 	return cmd
+}
+
+// maxManifestFile bounds the manifest file apply reads: a YAML manifest
+// several times the size of the largest one an agent reads.
+const maxManifestFile = 8 << 20
+
+// readManifestFile reads a regular file of at most maxManifestFile bytes
+// (not a FIFO or a device: apply -f /dev/zero ends with an error).
+func readManifestFile(path string) ([]byte, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() && path != "/dev/stdin" {
+		return nil, fmt.Errorf("%s: not a regular file", path)
+	}
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer fh.Close()
+	data, err := io.ReadAll(io.LimitReader(fh, maxManifestFile+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxManifestFile {
+		return nil, fmt.Errorf("%s: more than %d bytes: not a manifest", path, maxManifestFile)
+	}
+	return data, nil
 }

@@ -70,3 +70,20 @@ agent: {observe_interval: 200ms}
 		t.Errorf("ping of an absent agent: exit %d %q", code, stderr)
 	}
 }
+
+// apply reads a manifest file of bounded size, and no device or FIFO.
+func TestApplyRefusesAnEndlessFile(t *testing.T) {
+	t.Parallel()
+	code, _, stderr := runBinary(t, 10*time.Second, "apply", "--nats-url", "nats://127.0.0.1:1", "-f", "/dev/zero", "--agent", "n1")
+	if code == exitOK || !strings.Contains(stderr, "/dev/zero: not a regular file") {
+		t.Errorf("exit %d: %s", code, stderr)
+	}
+	big := filepath.Join(t.TempDir(), "big.yaml")
+	if err := os.WriteFile(big, make([]byte, maxManifestFile+1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr = runBinary(t, 10*time.Second, "apply", "--nats-url", "nats://127.0.0.1:1", "-f", big, "--agent", "n1")
+	if code == exitOK || !strings.Contains(stderr, "more than 8388608 bytes: not a manifest") {
+		t.Errorf("exit %d: %s", code, stderr)
+	}
+}
