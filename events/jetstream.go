@@ -123,19 +123,17 @@ func (l *JetStreamLog) AppendRaw(ctx context.Context, subject string, data []byt
 // findRetried recognises the retry of an append that already landed. A
 // single (non-clustered) server checks the expected subject sequence before
 // the dedup window, so the retry of a conditional append whose first attempt
-// succeeded comes back as 10071 where a clustered stream answers duplicate.
-// The first attempt, if it landed, is the first record on subject after the
-// expected sequence; if it carries the same Nats-Msg-Id this is a retry.
+// succeeded comes back as 10071 where a clustered stream answers duplicate;
+// past the dedup window every server does. The first attempt, if it landed,
+// is the first record on subject after the expected sequence; if it carries
+// the same Nats-Msg-Id this is a retry, however long ago it landed (a
+// partition can hold an appender's retries for longer than the window).
 func (l *JetStreamLog) findRetried(ctx context.Context, subject string, opts AppendOptions) (Ack, bool) {
 	m, err := l.stream.GetMsg(ctx, opts.ExpectLastSubjectSeq+1, jetstream.WithGetMsgSubject(subject))
 	if err != nil || m.Subject != subject {
 		return Ack{}, false
 	}
 	if m.Header.Get(jetstream.MsgIDHeader) != opts.MsgID {
-		return Ack{}, false
-	}
-	// Past the dedup window the server would not call it a duplicate either.
-	if w := l.stream.CachedInfo().Config.Duplicates; w > 0 && time.Since(m.Time) >= w {
 		return Ack{}, false
 	}
 	return Ack{Sequence: m.Sequence, Duplicate: true}, true

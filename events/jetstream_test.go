@@ -156,6 +156,10 @@ func dial(account string, opts ...jetstream.JetStreamOpt) (jetstream.JetStream, 
 // createLogStream creates the empty stream the test logs live on: file
 // storage, synced on every write as the server is configured, unless
 // persist is jetstream.AsyncPersistMode.
+// testDedupWindow is the test stream's duplicate window: short, so that
+// the conformance suite can wait past it.
+const testDedupWindow = time.Second
+
 func createLogStream(js jetstream.JetStream, persist jetstream.PersistModeType) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -164,7 +168,7 @@ func createLogStream(js jetstream.JetStream, persist jetstream.PersistModeType) 
 		Subjects:    []string{"ev.>"},
 		Storage:     jetstream.FileStorage,
 		Retention:   jetstream.LimitsPolicy,
-		Duplicates:  2 * time.Minute,
+		Duplicates:  testDedupWindow,
 		PersistMode: persist,
 	})
 	return err
@@ -923,6 +927,7 @@ func TestJetStreamConformance(t *testing.T) {
 			kv, _ := newTestKV(t)
 			return kv
 		},
-		Advance: func(t *testing.T, d time.Duration) { time.Sleep(d) },
+		Advance:     func(t *testing.T, d time.Duration) { time.Sleep(d) },
+		DedupWindow: testDedupWindow,
 	})
 }

@@ -164,6 +164,25 @@ func (l *MemoryLog) AppendRaw(ctx context.Context, subject string, data []byte, 
 	return l.store(subject, data, opts)
 }
 
+// retriedLocked recognises, as JetStreamLog does, the retry of a
+// conditional append whose first attempt landed, also past the dedup
+// window: the subject's first record after the expected sequence carries
+// the same message id.
+func (l *MemoryLog) retriedLocked(subject string, opts AppendOptions) (Ack, bool) {
+	if opts.MsgID == "" {
+		return Ack{}, false
+	}
+	for i := opts.ExpectLastSubjectSeq; i < uint64(len(l.records)); i++ {
+		if r := l.records[i]; r.Subject == subject {
+			if r.Headers[memHeaderMsgID] == opts.MsgID {
+				return Ack{Sequence: r.Sequence, Duplicate: true}, true
+			}
+			return Ack{}, false
+		}
+	}
+	return Ack{}, false
+}
+
 // store is the append state transition. The order of the checks is the
 // contract's: a MsgID seen within the window acks as a duplicate before any
 // expectation is looked at, so a retry whose first attempt landed is
@@ -184,6 +203,9 @@ func (l *MemoryLog) store(subject string, data []byte, opts AppendOptions) (Ack,
 	}
 	last := l.lastBySubject[subject]
 	if opts.ExpectSet && opts.ExpectLastSubjectSeq != last {
+		if ack, ok := l.retriedLocked(subject, opts); ok {
+			return ack, nil
+		}
 		return Ack{}, fmt.Errorf("%w: subject %q is at sequence %d, append expected %d", ErrConflict, subject, last, opts.ExpectLastSubjectSeq)
 	}
 	seq := uint64(len(l.records)) + 1

@@ -47,7 +47,9 @@ type AppendOptions struct {
 	// within the dedup window returns the original sequence with Duplicate set
 	// — even when the retry carries the same, now stale, expectation (a
 	// single NATS server checks the expectation first; both implementations
-	// guarantee Duplicate regardless).
+	// guarantee Duplicate regardless). With an expectation it does so past
+	// the window too: the subject's first record after the expected
+	// sequence carrying the same id is the original.
 	MsgID string
 
 	// Headers are stored with the record. The map is read, not kept.

@@ -249,30 +249,6 @@ func (s *Server) appendEvent(t time.Duration, subject string, data []byte, last 
 	return appendResult{seq: ack.Sequence, duplicate: ack.Duplicate, last: last, id: id}
 }
 
-// findRetried is events.JetStreamLog.findRetried against this server: the
-// record after sequence last on subject, if it carries message id id and
-// is younger than the dedup window, is the appender's own first attempt.
-func (s *Server) findRetried(t time.Duration, subject string, last uint64, id string) (events.Ack, bool) {
-	if s.down {
-		return events.Ack{}, false
-	}
-	s.at(t)
-	for rec, err := range s.log.Read(bg, events.ReadOptions{Subject: subject, FromSeq: last + 1}) {
-		if err != nil || rec.Headers["Nats-Msg-Id"] != id {
-			return events.Ack{}, false
-		}
-		if s.clock.Now().Sub(rec.Time) >= dedupWindow {
-			return events.Ack{}, false
-		}
-		return events.Ack{Sequence: rec.Sequence, Duplicate: true}, true
-	}
-	return events.Ack{}, false
-}
-
-// dedupWindow is the event stream's duplicate window (the MemoryLog's and
-// JetStream's default).
-const dedupWindow = 2 * time.Minute
-
 // recordsAfter calls fn with the message id of every record on subject
 // after sequence last (the checkers' ground truth).
 func (s *Server) recordsAfter(subject string, last uint64, fn func(seq uint64, id string)) {

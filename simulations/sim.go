@@ -786,20 +786,18 @@ func (s *sim) atNode(n *node, it item) {
 		}
 		a.inflight = false
 		// The runtime's appender, step by step: the client maps the
-		// refusal; a conflict makes it look for its own first attempt
-		// (JetStreamLog.findRetried); the answer is judged by
-		// events.AppendAckConflict.
+		// refusal (the retry of an append that landed, even past the dedup
+		// window, is already a duplicate ack: the server's MemoryLog
+		// recognises it as JetStreamLog.findRetried does); the answer is
+		// judged by events.AppendAckConflict.
 		if code != 0 {
 			err := events.APIError(int(code), descOf(code))
 			if !errors.Is(err, events.ErrConflict) {
 				s.retryLater(n, stream)
 				return
 			}
-			var ok bool
-			if ack, ok = s.server.findRetried(s.now, a.subject, last, id); !ok {
-				s.appendConflict(n, stream, last, err)
-				return
-			}
+			s.appendConflict(n, stream, last, err)
+			return
 		}
 		if err := events.AppendAckConflict(last, id, ack); err != nil {
 			s.appendConflict(n, stream, last, err)

@@ -28,6 +28,9 @@ type Harness struct {
 	// Advance moves the server clock forward by at least d (a real sleep for
 	// JetStream, clock.Advance for memory).
 	Advance func(t *testing.T, d time.Duration)
+	// DedupWindow is the duplicate window of NewLog's stream (0: JetStream's
+	// default of two minutes).
+	DedupWindow time.Duration
 }
 
 const (
@@ -69,6 +72,7 @@ func Run(t *testing.T, h Harness) {
 			t.Run("DuplicateReturnsOriginal", s.msgIDDuplicate)
 			t.Run("StreamWide", s.msgIDAcrossSubjects)
 			t.Run("RetryWithStaleExpectation", s.msgIDRetryWithExpectation)
+			t.Run("RetryPastTheWindow", s.msgIDRetryPastWindow)
 			t.Run("ConflictDoesNotRecordID", s.msgIDConflictNotRecorded)
 		})
 		t.Run("LastSequence", s.logLastSequence)
@@ -482,6 +486,38 @@ func (s suite) msgIDRetryWithExpectation(t *testing.T) {
 	opts.MsgID = "promote-8"
 	appendConflict(t, log, "ev.member.a", opts)
 	wantSeqs(t, "read back", readAll(t, log, events.ReadOptions{}), prev.Sequence, first.Sequence)
+}
+
+// A retry can come later than the dedup window (a partition held it): with
+// an expectation it is still recognised by the record its first attempt
+// left right after the expected sequence, even with other subjects'
+// records in between; a retry without that record is a conflict.
+func (s suite) msgIDRetryPastWindow(t *testing.T) {
+	log := s.newLog(t)
+	prev := mustAppend(t, log, "ev.member.a", ev("0"), events.Expect(0))
+	opts := events.Expect(prev.Sequence)
+	opts.MsgID = "ev.member.a@2/5eed"
+	first := mustAppend(t, log, "ev.member.a", ev("1"), opts)
+	mustAppend(t, log, "ev.member.b", ev("other"), events.AppendOptions{})
+	window := s.h.DedupWindow
+	if window == 0 {
+		window = 2 * time.Minute
+	}
+	s.h.Advance(t, window+step)
+	ack, err := log.Append(opCtx(t), "ev.member.a", ev("1"), opts)
+	if err != nil {
+		t.Fatalf("retry past the window: %v; want a duplicate ack", err)
+	}
+	if want := (events.Ack{Sequence: first.Sequence, Duplicate: true}); ack != want {
+		t.Fatalf("retry past the window acked %+v, want %+v", ack, want)
+	}
+	later := mustAppend(t, log, "ev.member.a", ev("2"), events.Expect(first.Sequence))
+	opts = events.Expect(first.Sequence)
+	opts.MsgID = "ev.member.a@3/0ther"
+	appendConflict(t, log, "ev.member.a", opts)
+	if got := lastSeq(t, log, "ev.member.a"); got != later.Sequence {
+		t.Fatalf("LastSequence = %d, want %d", got, later.Sequence)
+	}
 }
 
 func (s suite) msgIDConflictNotRecorded(t *testing.T) {
