@@ -3,6 +3,7 @@ package events
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -44,6 +45,40 @@ func hasNonce(msgID string) bool {
 	at := strings.LastIndexByte(msgID, '@')
 	slash := strings.LastIndexByte(msgID, '/')
 	return at >= 0 && slash > at+1 && slash < len(msgID)-1
+}
+
+// AppenderMsgID is the message id an appender with nonce gives the
+// append it expects to land at position pos of subject (one after the
+// subject's last sequence it knows): subject@pos/nonce.
+func AppenderMsgID(subject string, pos uint64, nonce string) string {
+	return subject + "@" + strconv.FormatUint(pos, 10) + "/" + nonce
+}
+
+// AppendedBy returns the nonce of the appender that stored rec, from its
+// message id; ok is false for a record no appender wrote on this subject
+// (no message id, or one of another shape or subject): a foreign record,
+// which an actor skips and never folds into its state.
+func AppendedBy(rec Record) (nonce string, ok bool) {
+	id := rec.Headers["Nats-Msg-Id"]
+	rest, found := strings.CutPrefix(id, rec.Subject+"@")
+	if !found {
+		return "", false
+	}
+	pos, nonce, found := strings.Cut(rest, "/")
+	if !found || pos == "" || nonce == "" || strings.IndexFunc(pos, func(r rune) bool { return r < '0' || r > '9' }) >= 0 {
+		return "", false
+	}
+	return nonce, true
+}
+
+// HexPrefix shows a value that does not decode in a report: its length
+// and its first bytes in hex.
+func HexPrefix(b []byte) string {
+	const n = 16
+	if len(b) <= n {
+		return fmt.Sprintf("%d bytes %x", len(b), b)
+	}
+	return fmt.Sprintf("%d bytes %x…", len(b), b[:n])
 }
 
 // APIError is the error a JetStream server answers with numeric error code

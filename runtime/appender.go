@@ -93,6 +93,46 @@ func (a *appender) add(evs ...events.Event) {
 	}
 }
 
+// maxForeign bounds how many records after its last sequence an appender
+// reads to tell foreign records from another appender's.
+const maxForeign = 1000
+
+// skipForeign reads the subject's records after last. When every one is
+// foreign — written by no appender (events.AppendedBy): a tool, a typo, an
+// attacker's publish — it reports each once, moves the expected sequence
+// past them and returns how many it skipped; the next append goes after
+// them and nothing of them reaches the actor. When any was written by
+// another appender (a twin or a zombie of this actor) it returns 0: that
+// conflict is real. An error means the records could not be read.
+func (a *appender) skipForeign(ctx context.Context, last uint64) (int, error) {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var foreign []events.Record
+	for rec, err := range a.log.Read(rctx, events.ReadOptions{Subject: a.subject, FromSeq: last + 1}) {
+		if err != nil {
+			return 0, err
+		}
+		if nonce, ok := events.AppendedBy(rec); ok && nonce != a.nonce {
+			return 0, nil
+		}
+		foreign = append(foreign, rec)
+		if len(foreign) > maxForeign {
+			return 0, fmt.Errorf("more than %d records after sequence %d", maxForeign, last)
+		}
+	}
+	if len(foreign) == 0 {
+		return 0, nil
+	}
+	for _, rec := range foreign {
+		a.logger.Warn("foreign record on an actor's subject: skipped, never folded into its state",
+			"subject", rec.Subject, "seq", rec.Sequence, "msg_id", rec.Headers["Nats-Msg-Id"], "data", events.HexPrefix(rec.Data))
+	}
+	a.mu.Lock()
+	a.lastSeq = max(a.lastSeq, foreign[len(foreign)-1].Sequence)
+	a.mu.Unlock()
+	return len(foreign), nil
+}
+
 // stop ends the goroutine; queued events not yet appended are logged as lost.
 func (a *appender) stop() {
 	select {
@@ -161,7 +201,7 @@ func (a *appender) run() {
 				a.mu.Unlock()
 			}
 			opts := events.Expect(last)
-			opts.MsgID = fmt.Sprintf("%s@%d/%s", a.subject, last+1, a.nonce)
+			opts.MsgID = events.AppenderMsgID(a.subject, last+1, a.nonce)
 			if w := time.Since(born); w >= minQueued {
 				// It waited (behind others, or retried while NATS was out of
 				// reach): the record dates it when it happened.
@@ -187,6 +227,11 @@ func (a *appender) run() {
 		case err == nil:
 			backoff = 100 * time.Millisecond
 		case errors.Is(err, events.ErrConflict):
+			if skipped, serr := a.skipForeign(ctx, last); serr == nil && skipped > 0 {
+				continue // only foreign records moved the subject: append after them
+			} else if serr != nil {
+				err = fmt.Errorf("%w (and its records could not be read: %v)", err, serr)
+			}
 			a.mu.Lock()
 			lost := len(a.queue)
 			a.mu.Unlock()

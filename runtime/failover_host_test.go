@@ -658,9 +658,17 @@ func TestConflictingMemberFencesStopsAndIsRestarted(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	// The twin appends to the member's subject; the member's next append
-	// (the config change below makes one) then conflicts.
-	if _, err := fn.evlog.Append(ctx, failover.Subject(r.Pair, r.Primary), &failover.HeartbeatRecovered{Term: 99}, events.AppendOptions{}); err != nil {
+	// The twin appends to the member's subject, as an appender does (with a
+	// message id of its own nonce); the member's next append (the config
+	// change below makes one) then conflicts.
+	subject := failover.Subject(r.Pair, r.Primary)
+	last, err := fn.evlog.LastSequence(ctx, subject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	twin := events.Expect(last)
+	twin.MsgID = events.AppenderMsgID(subject, last+1, "7771")
+	if _, err := fn.evlog.Append(ctx, subject, &failover.HeartbeatRecovered{Term: 99}, twin); err != nil {
 		t.Fatal(err)
 	}
 	changed := r
@@ -918,5 +926,52 @@ func TestLaggingWatchIsReplaced(t *testing.T) {
 		if f, ok := x.Event.(*failover.FenceRequested); ok && f.Reason != failover.FenceRestart {
 			t.Errorf("fenced: %+v", f)
 		}
+	}
+}
+
+// A foreign message on a member's subject (no appender wrote it) is
+// reported and skipped: the member appends after it, never folds it into
+// its state, and does not stop; a restart skips it too.
+func TestForeignRecordOnMemberSubjectIsSkipped(t *testing.T) {
+	t.Parallel()
+	fn := startFailoverNATS(t)
+	r := fastRules(t, "foreign-record")
+	log, rec := newLogRecorder(t)
+	tr := newTransitions()
+	sh := hostMember(t, "nats://"+fn.addr, fn, r, r.Primary, procedure.Drivers{"exec": &stepRecorder{}}, tr, log)
+	tr.waitFor(t, r.Primary, "failover.serving_started", 1, 5*time.Second)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	subject := failover.Subject(r.Pair, r.Primary)
+	// A well-formed event that would make the member lose its term, and
+	// bytes that are not an event at all.
+	if _, err := fn.evlog.Append(ctx, subject, &failover.LeadershipLost{Term: 1}, events.AppendOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fn.evlog.AppendRaw(ctx, subject, []byte("hello"), events.AppendOptions{MsgID: "not-an-appender"}); err != nil {
+		t.Fatal(err)
+	}
+	changed := r
+	changed.SuccessThreshold = 3
+	if _, err := fn.kv.Put(ctx, failover.ConfigKey(r.Pair), failover.EncodeRules(changed)); err != nil {
+		t.Fatal(err)
+	}
+	tr.waitFor(t, r.Primary, "failover.config_applied", 1, 5*time.Second)
+	if n := len(rec.matching("foreign record on an actor's subject: skipped, never folded into its state")); n != 2 {
+		t.Errorf("foreign records reported %d times, want 2", n)
+	}
+	if m := sh.host.Members(); !m[0].Running || m[0].Stops != 0 {
+		t.Errorf("member after foreign records: %+v", m)
+	}
+	// A restarted member skips them while replaying, and serves again.
+	sh.host.Stop(context.Background())
+	sh2 := hostMember(t, "nats://"+fn.addr, fn, r, r.Primary, procedure.Drivers{"exec": &stepRecorder{}}, tr, log)
+	tr.waitFor(t, r.Primary, "failover.serving_started", 2, 5*time.Second)
+	if n := len(rec.matching("foreign record in member log (no appender wrote it), skipped")); n != 2 {
+		t.Errorf("replay reported %d foreign records, want 2", n)
+	}
+	if m := sh2.host.Members(); !m[0].Running {
+		t.Errorf("restarted member: %+v", m)
 	}
 }

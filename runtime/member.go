@@ -196,6 +196,11 @@ func (a *memberActor) replay(subject string) (last uint64, n int, ok bool) {
 			return 0, 0, false
 		}
 		last = rec.Sequence
+		if _, ok := events.AppendedBy(rec); !ok {
+			a.log.Warn("foreign record in member log (no appender wrote it), skipped", "subject", rec.Subject, "seq", rec.Sequence,
+				"msg_id", rec.Headers["Nats-Msg-Id"], "data", events.HexPrefix(rec.Data))
+			continue
+		}
 		ev, err := codec.DecodeRecord(rec)
 		if err != nil {
 			a.log.Error("corrupt event in member log, skipped", "subject", rec.Subject, "seq", rec.Sequence, "err", err)

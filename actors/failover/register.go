@@ -96,7 +96,7 @@ func LeaderEntryOf(e events.Entry, highestTerm uint64) (LeaderEntry, error) {
 	l, err := DecodeLeader(e.Value)
 	if err != nil {
 		return LeaderEntry{Rev: e.Revision, Time: e.Time, Value: Leader{Term: highestTerm}, Corrupt: true},
-			fmt.Errorf("corrupt leader register value (revision %d, %s): %w", e.Revision, hexPrefix(e.Value), err)
+			fmt.Errorf("corrupt leader register value (revision %d, %s): %w", e.Revision, events.HexPrefix(e.Value), err)
 	}
 	return LeaderEntry{Rev: e.Revision, Time: e.Time, Value: l}, nil
 }
@@ -114,15 +114,6 @@ func HighestTerm(history []events.Entry) uint64 {
 		}
 	}
 	return t
-}
-
-// hexPrefix shows the first bytes of a value that does not decode.
-func hexPrefix(b []byte) string {
-	const n = 16
-	if len(b) <= n {
-		return fmt.Sprintf("%d bytes %x", len(b), b)
-	}
-	return fmt.Sprintf("%d bytes %x…", len(b), b[:n])
 }
 
 // EncodeHeartbeat returns the wire form of a member heartbeat.
