@@ -13,8 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"understudy/actors/agent"
 	"understudy/actors/resources"
+	"understudy/events"
 )
 
 // crash stops the agent as kill -9 would: its actors end, and nothing
@@ -277,45 +280,79 @@ func TestAgentABadSpecFailsOnlyItsResource(t *testing.T) {
 }
 
 // A foreign message on ev.agent.<agent>.<id> used to end the resource's
-// audit trail silently. The agent keeps working, says in the status
-// that the trail was interrupted, and appends what follows.
+// audit trail silently. A record no appender wrote is skipped (the
+// appender's rule) and the trail goes on; a record of another appender
+// (a twin of this agent) interrupts it: the agent keeps working, says in
+// the status that the trail was interrupted, and appends what follows.
 func TestAgentReportsAnInterruptedAuditTrail(t *testing.T) {
 	w := startAgentWorld(t, AgentConfig{ID: "r5", ObserveInterval: time.Hour})
 	dir := t.TempDir()
-	m := w.apply(agent.Manifest{Resources: []agent.Resource{res("a", "file", map[string]any{"path": filepath.Join(dir, "a"), "content": "1\n"})}})
-	w.waitStatus("converged", func(s agent.Status) bool { return s.ManifestGeneration == m.Generation && s.Converged() })
+	subject := agent.Subject("r5", "a")
 	ctx := context.Background()
-	if _, err := w.nats.js.Publish(ctx, agent.Subject("r5", "a"), []byte("foreign")); err != nil {
-		t.Fatal(err)
+	gen := 0
+	step := func(what string, audit bool) agent.Status {
+		gen++
+		m := w.apply(agent.Manifest{Resources: []agent.Resource{res("a", "file", map[string]any{"path": filepath.Join(dir, "a"), "content": fmt.Sprint(gen)})}})
+		return w.waitStatus(what, func(s agent.Status) bool {
+			b, _ := os.ReadFile(filepath.Join(dir, "a"))
+			return s.ManifestGeneration == m.Generation && s.Converged() && string(b) == fmt.Sprint(gen) && (s.Resources["a"].Audit != "") == audit
+		})
 	}
-	m = w.apply(agent.Manifest{Resources: []agent.Resource{res("a", "file", map[string]any{"path": filepath.Join(dir, "a"), "content": "2\n"})}})
-	s := w.waitStatus("the trail reported interrupted", func(s agent.Status) bool {
-		return s.ManifestGeneration == m.Generation && s.Resources["a"].Audit != ""
-	})
-	if a := s.Resources["a"].Audit; !strings.Contains(a, "another process appended to ev.agent.r5.a") {
-		t.Errorf("audit %q", a)
-	}
-	m = w.apply(agent.Manifest{Resources: []agent.Resource{res("a", "file", map[string]any{"path": filepath.Join(dir, "a"), "content": "3\n"})}})
-	w.waitStatus("still converging", func(s agent.Status) bool {
-		b, _ := os.ReadFile(filepath.Join(dir, "a"))
-		return s.ManifestGeneration == m.Generation && s.Converged() && string(b) == "3\n"
-	})
-	// What follows the interruption is appended again.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		msg, err := w.nats.js.Stream(ctx, w.nats.names.EventsStream)
+	lastIsOurs := func() {
+		t.Helper()
+		st, err := w.nats.js.Stream(ctx, w.nats.names.EventsStream)
 		if err != nil {
 			t.Fatal(err)
 		}
-		last, err := msg.GetLastMsgForSubject(ctx, agent.Subject("r5", "a"))
-		if err == nil && string(last.Data) != "foreign" {
-			break
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			last, err := st.GetLastMsgForSubject(ctx, subject)
+			if err == nil && string(last.Data) != "foreign" && !strings.HasSuffix(last.Header.Get("Nats-Msg-Id"), "/twin") {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("nothing appended after the foreign record: %v", err)
+			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nothing appended after the foreign message: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
+	step("converged", false)
+	if _, err := w.nats.js.Publish(ctx, subject, []byte("foreign")); err != nil {
+		t.Fatal(err)
+	}
+	step("converged past a foreign record, the trail whole", false)
+	lastIsOurs()
+	// Another appender's record.
+	st, err := w.nats.js.Stream(ctx, w.nats.names.EventsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := st.GetLastMsgForSubject(ctx, subject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := nats.NewMsg(subject)
+	msg.Data = []byte("foreign")
+	msg.Header.Set("Nats-Msg-Id", events.AppenderMsgID(subject, last.Sequence+1, "twin"))
+	if _, err := w.nats.js.PublishMsg(ctx, msg); err != nil {
+		t.Fatal(err)
+	}
+	s := step("the trail reported interrupted", true)
+	if a := s.Resources["a"].Audit; !strings.Contains(a, "another process appended to ev.agent.r5.a") {
+		t.Errorf("audit %q", a)
+	}
+	if !hasCondition(s, "AuditTrail", false) {
+		t.Errorf("conditions %+v", s.Conditions)
+	}
+	step("still converging", true)
+	lastIsOurs()
+}
+
+func hasCondition(s agent.Status, typ string, status bool) bool {
+	for _, c := range s.Conditions {
+		if c.Type == typ && c.Status == status {
+			return true
+		}
+	}
+	return false
 }
 
 // panicKind panics in every call but Validate.
