@@ -365,9 +365,21 @@ func (c *Cluster) LeaderMap(site string) (map[string]string, error) {
 // with both other servers current: the cluster is formed, and asset
 // creation can place three replicas.
 func (c *Cluster) MetaReady(site string) (bool, string) {
+	ok, why, leader := c.metaReady(site)
+	if ok || leader == "" {
+		return ok, why
+	}
+	// Only the meta leader knows whether its followers are current.
+	if l, found := strings.CutPrefix(leader, "nats-"); found && l != site && c.Lab.Sites[l] != nil {
+		ok, why, _ = c.metaReady(l)
+	}
+	return ok, why
+}
+
+func (c *Cluster) metaReady(site string) (bool, string, string) {
 	body, err := c.Lab.HTTPGet(site, c.Lab.Sites[site].IP+":8222", "/jsz", 2*time.Second)
 	if err != nil {
-		return false, err.Error()
+		return false, err.Error(), ""
 	}
 	var jsz struct {
 		Meta *struct {
@@ -380,11 +392,11 @@ func (c *Cluster) MetaReady(site string) (bool, string) {
 		} `json:"meta_cluster"`
 	}
 	if err := json.Unmarshal(body, &jsz); err != nil {
-		return false, err.Error()
+		return false, err.Error(), ""
 	}
 	m := jsz.Meta
 	if m == nil || m.Leader == "" {
-		return false, "no meta leader"
+		return false, "no meta leader", ""
 	}
 	current := 0
 	for _, r := range m.Replicas {
@@ -393,9 +405,9 @@ func (c *Cluster) MetaReady(site string) (bool, string) {
 		}
 	}
 	if m.Size < 3 || current < 2 {
-		return false, fmt.Sprintf("meta leader %s, cluster size %d, %d other peers current", m.Leader, m.Size, current)
+		return false, fmt.Sprintf("meta leader %s, cluster size %d, %d other peers current (as nats-%s sees it)", m.Leader, m.Size, current, site), m.Leader
 	}
-	return true, ""
+	return true, "", m.Leader
 }
 
 // Leaders is LeaderMap as one line:
