@@ -15,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // DefaultInitTimeout bounds an init step without its own timeout.
@@ -369,21 +371,27 @@ func stop(pr *proc) {
 		}
 		return
 	}
-	// Adopted: not a child to wait for; its identity is checked before
-	// every signal, so a reused pid is never signalled.
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for !pr.exited() {
-		select {
-		case <-tick.C:
-		case <-grace.Done():
-			if !pr.exited() {
-				_ = syscall.Kill(-pr.pid, syscall.SIGKILL)
-			}
-			return
-		}
+	// Adopted: not a child to wait for. A pidfd waits for its exit (it
+	// polls readable when the process ends) and signals exactly that
+	// process, never a reuse of its pid; its identity is checked once the
+	// pidfd is open.
+	fd, err := unix.PidfdOpen(pr.pid, 0)
+	if err != nil {
+		return // gone already
+	}
+	defer unix.Close(fd)
+	if pr.exited() {
+		return
+	}
+	if n, _ := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(adoptedStopGrace/time.Millisecond)); n == 0 {
+		_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+		_ = syscall.Kill(-pr.pid, syscall.SIGKILL) // the rest of its group
 	}
 }
+
+// adoptedStopGrace is how long an adopted service has between SIGTERM
+// and SIGKILL, as a child has.
+const adoptedStopGrace = 5 * time.Second
 
 // runStep runs a command to completion within timeout: Exited{exit_code}
 // (an error when not 0), TimedOut{waited} (its own timeout passed), or cut
