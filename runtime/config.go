@@ -258,6 +258,9 @@ type AgentSection struct {
 	// Container configures podman for the container kind (podman's own
 	// defaults when absent).
 	Container *ContainerSection `yaml:"container"`
+	// StateDir is where the agent remembers what it runs across its own
+	// crashes (default: data_dir/agent/<id>, this node's own).
+	StateDir string `yaml:"state_dir"`
 }
 
 // ContainerSection is the node file's agent.container: how the agent runs
@@ -410,6 +413,18 @@ func (c Config) resolve() (settings, error) {
 		}
 		if rule := agent.CheckID(ac.ID); rule != "" {
 			bad("agent.id", rule+" (default: node)", ac.ID)
+		}
+		switch dir := a.StateDir; {
+		case dir != "":
+			if abs, err := filepath.Abs(dir); err != nil || dir == "/" {
+				bad("agent.state_dir", "must be a usable directory path other than /", dir)
+			} else {
+				ac.StateDir = abs
+			}
+		case c.DataDir != "":
+			if abs, err := filepath.Abs(c.DataDir); err == nil {
+				ac.StateDir = filepath.Join(abs, "agent", ac.ID)
+			}
 		}
 		if a.ObserveInterval != "" {
 			d, err := time.ParseDuration(a.ObserveInterval)

@@ -305,3 +305,28 @@ func TestConfigDetectionTimeIsSmallestHeartbeat(t *testing.T) {
 		t.Errorf("detection time %s, want the smallest heartbeat_timeout 300ms", s.deadAfter)
 	}
 }
+
+// The agent remembers what it runs under the node's own data directory,
+// unless agent.state_dir says where.
+func TestConfigAgentStateDir(t *testing.T) {
+	c := DefaultConfig()
+	c.Node, c.DataDir = "site-a", "/var/lib/understudy-a"
+	c.Agent = &AgentSection{}
+	c.Libvirt.Driver = "/bin/true" // any executable: the agent needs one at load
+	s, err := c.resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.agent.StateDir != "/var/lib/understudy-a/agent/site-a" {
+		t.Errorf("default state dir %q", s.agent.StateDir)
+	}
+	c.Agent.StateDir = "/srv/agent-state"
+	if s, err = c.resolve(); err != nil || s.agent.StateDir != "/srv/agent-state" {
+		t.Errorf("agent.state_dir: %v %+v", err, s.agent)
+	}
+	c.Agent.StateDir = "/"
+	var ce *ConfigError
+	if _, err := c.resolve(); !errors.As(err, &ce) || ce.Field != "agent.state_dir" {
+		t.Errorf("state_dir /: %v", err)
+	}
+}
