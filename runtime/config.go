@@ -1,13 +1,6 @@
 package runtime
 
 import (
-	"understudy/actors"
-	"understudy/actors/agent"
-	"understudy/actors/procedure"
-	"understudy/actors/resources"
-	"understudy/actors/resources/libvirt"
-	"understudy/actors/resources/libvirt/rules"
-
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -24,6 +17,15 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/nats-io/jwt/v2"
+
+	"understudy/actors"
+	"understudy/actors/agent"
+	"understudy/actors/procedure"
+	"understudy/actors/resources"
+	"understudy/actors/resources/libvirt"
+	"understudy/actors/resources/libvirt/rules"
 )
 
 // Defaults of a node's configuration; [DefaultConfig] fills them in.
@@ -341,7 +343,7 @@ func (c Config) resolve() (settings, error) {
 	} else {
 		for _, u := range strings.Split(s.urls, ",") {
 			if err := checkNATSURL(strings.TrimSpace(u)); err != nil {
-				bad("nats.url", err.Error(), redactURLs(u))
+				bad("nats.url", err.Error(), RedactURLs(u))
 			}
 		}
 		if (c.NATS.User == "") != (c.NATS.Password == "") {
@@ -357,6 +359,8 @@ func (c Config) resolve() (settings, error) {
 			}
 			if err := readableFile(c.NATS.Creds); err != nil {
 				bad("nats.creds", "must be a readable file: "+err.Error(), c.NATS.Creds)
+			} else if err := CheckCreds(c.NATS.Creds); err != nil {
+				bad("nats.creds", err.Error(), c.NATS.Creds)
 			}
 		}
 		tc, tlsErrs := c.NATS.TLS.resolve()
@@ -558,6 +562,28 @@ func checkNATSURL(raw string) error {
 	return errors.New("must use the scheme nats, tls, ws or wss")
 }
 
+// CheckCreds parses a NATS .creds file as the client will at connect: a
+// user JWT and a user nkey seed, each between its BEGIN/END lines.
+func CheckCreds(path string) error {
+	data, err := readBounded(path, 64<<10)
+	if err != nil {
+		return fmt.Errorf("must be a readable file of at most 64 KiB: %v", err)
+	}
+	token, err := jwt.ParseDecoratedJWT(data)
+	if err == nil {
+		_, err = jwt.DecodeUserClaims(token)
+	}
+	if err != nil {
+		return fmt.Errorf("must hold a user JWT (-----BEGIN NATS USER JWT-----): %v", err)
+	}
+	kp, err := jwt.ParseDecoratedUserNKey(data)
+	if err != nil {
+		return fmt.Errorf("must hold a user nkey seed (-----BEGIN USER NKEY SEED-----): %v", err)
+	}
+	kp.Wipe()
+	return nil
+}
+
 func readableFile(path string) error {
 	f, err := os.Open(path)
 	if err != nil {
@@ -607,12 +633,20 @@ func (t TLSConfig) resolve() (*tls.Config, []error) {
 	return tc, errs
 }
 
-// redactURLs hides passwords in a comma-separated URL list, for logs and errors.
-func redactURLs(urls string) string {
+// RedactURLs hides passwords in a comma-separated URL list, for logs and
+// errors: user:xxxxx@ where a URL parses, and everything between the
+// scheme and the last @ where it does not.
+func RedactURLs(urls string) string {
 	parts := strings.Split(urls, ",")
 	for i, p := range parts {
 		if u, err := url.Parse(strings.TrimSpace(p)); err == nil {
 			parts[i] = u.Redacted()
+			continue
+		}
+		if at := strings.LastIndex(p, "@"); at >= 0 {
+			if scheme := strings.Index(p, "://"); scheme >= 0 && scheme < at {
+				parts[i] = p[:scheme+3] + "xxxxx" + p[at:]
+			}
 		}
 	}
 	return strings.Join(parts, ",")

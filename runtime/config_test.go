@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nkeys"
 	"gopkg.in/yaml.v3"
 )
 
@@ -92,6 +94,8 @@ func TestConfigValidationNamesFieldAndRule(t *testing.T) {
 		{"password without user", func(c *Config) { external(c); c.NATS.Password = "p" }, "nats.user", "together with nats.password"},
 		{"creds and user", func(c *Config) { external(c); c.NATS.User, c.NATS.Password, c.NATS.Creds = "a", "p", key }, "nats.creds", "choose one"},
 		{"creds missing", func(c *Config) { external(c); c.NATS.Creds = filepath.Join(dir, "nope.creds") }, "nats.creds", "readable file"},
+		{"creds malformed", func(c *Config) { external(c); c.NATS.Creds = notPEM }, "nats.creds", "must hold a user JWT"},
+		{"creds without seed", func(c *Config) { external(c); c.NATS.Creds = credsWithoutSeed(t, dir) }, "nats.creds", "must hold a user nkey seed"},
 		{"tls cert without key", func(c *Config) { external(c); c.NATS.TLS.Cert = cert }, "nats.tls.key", "together with nats.tls.cert"},
 		{"tls key without cert", func(c *Config) { external(c); c.NATS.TLS.Key = key }, "nats.tls.cert", "together with nats.tls.key"},
 		{"tls cert not matching", func(c *Config) { external(c); c.NATS.TLS.Cert, c.NATS.TLS.Key = notPEM, key }, "nats.tls.cert", "PEM certificate"},
@@ -328,5 +332,51 @@ func TestConfigAgentStateDir(t *testing.T) {
 	var ce *ConfigError
 	if _, err := c.resolve(); !errors.As(err, &ce) || ce.Field != "agent.state_dir" {
 		t.Errorf("state_dir /: %v", err)
+	}
+}
+
+// testCreds writes a well-formed .creds file (a user JWT signed by an
+// account key, and the user's seed) and returns its path.
+func testCreds(t *testing.T, dir string, withSeed bool) string {
+	t.Helper()
+	akp, err := nkeys.CreateAccount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ukp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	upub, _ := ukp.PublicKey()
+	claims := jwt.NewUserClaims(upub)
+	token, err := claims.Encode(akp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, _ := ukp.Seed()
+	if !withSeed {
+		seed = nil
+	}
+	var data []byte
+	if withSeed {
+		data, err = jwt.FormatUserConfig(token, seed)
+		if err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		data = []byte("-----BEGIN NATS USER JWT-----\n" + token + "\n------END NATS USER JWT------\n")
+	}
+	path := filepath.Join(dir, fmt.Sprintf("user-%v.creds", withSeed))
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func credsWithoutSeed(t *testing.T, dir string) string { return testCreds(t, dir, false) }
+
+func TestCheckCredsAcceptsWellFormedCreds(t *testing.T) {
+	if err := CheckCreds(testCreds(t, t.TempDir(), true)); err != nil {
+		t.Errorf("well-formed creds: %v", err)
 	}
 }

@@ -117,7 +117,7 @@ func Connect(ctx context.Context, o ConnectOptions, log *slog.Logger) (*nats.Con
 	if deadAfter <= 0 {
 		deadAfter = DefaultDeadAfter
 	}
-	url := redactURLs(o.URL)
+	url := RedactURLs(o.URL)
 	log = log.With("component", "nats-client")
 	dialTimeout := dialTimeoutFor(deadAfter)
 	dialer := &ctxDialer{ctx: ctx, d: net.Dialer{Timeout: dialTimeout}}
@@ -181,6 +181,11 @@ func Connect(ctx context.Context, o ConnectOptions, log *slog.Logger) (*nats.Con
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("runtime: connecting to nats %s: %w", url, ctx.Err())
 		}
+		if IsAuthError(err) {
+			// Retrying the same credentials gets the same answer: this is a
+			// configuration to fix, not an outage to wait out.
+			return nil, fmt.Errorf("runtime: nats %s refused the credentials (attempt %d): %w; check nats.user and nats.password, or nats.creds", url, attempt, err)
+		}
 		next := jitter(delay)
 		log.Warn("nats not reachable, retrying", "url", url, "attempt", attempt, "next_delay", next, "error", err)
 		t := time.NewTimer(next)
@@ -192,6 +197,18 @@ func Connect(ctx context.Context, o ConnectOptions, log *slog.Logger) (*nats.Con
 		}
 		delay = min(2*delay, retry.Max)
 	}
+}
+
+// IsAuthError reports whether a NATS error says the server refused the
+// client's credentials (wrong user or password, an unknown or expired user
+// JWT, a revoked account): permanent for those credentials.
+func IsAuthError(err error) bool {
+	for _, e := range []error{nats.ErrAuthorization, nats.ErrAuthExpired, nats.ErrAuthRevoked, nats.ErrAccountAuthExpired} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return err != nil && strings.Contains(strings.ToLower(err.Error()), "authorization violation")
 }
 
 // jitter picks a delay uniformly in [d/2, d].
@@ -368,7 +385,7 @@ func (h *homeward) run(nc *nats.Conn) {
 			continue
 		}
 		answered = 0
-		h.log.Info("nats first server answers again, moving back to it", "from", redactURLs(cur), "to", h.shown)
+		h.log.Info("nats first server answers again, moving back to it", "from", RedactURLs(cur), "to", h.shown)
 		h.goHome.Store(true)
 		if err := nc.ForceReconnect(); err != nil {
 			h.goHome.Store(false)

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
 
@@ -223,5 +225,41 @@ func TestPingIntervalDetectsWithinDeadAfter(t *testing.T) {
 	}
 	if got := jetStreamTimeout(time.Minute); got != 5*time.Second {
 		t.Errorf("jetStreamTimeout(1m) = %s, want 5s (nats.go's default, never more)", got)
+	}
+}
+
+// A server that refuses the credentials gets the same answer at every
+// retry: Connect says so at once, as an authentication error, and does
+// not retry it as an outage.
+func TestConnectReportsRefusedCredentialsWithoutRetrying(t *testing.T) {
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, Username: "node", Password: "right", NoSigs: true, NoLog: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start()
+	t.Cleanup(srv.Shutdown)
+	if !srv.ReadyForConnections(5 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	log, rec := newLogRecorder(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	url := strings.Replace(srv.ClientURL(), "nats://", "nats://node:wrong@", 1)
+	_, err = Connect(ctx, ConnectOptions{URL: url, Retry: RetryConfig{Initial: 50 * time.Millisecond}, Name: "test"}, log)
+	if err == nil || !IsAuthError(err) || !strings.Contains(err.Error(), "refused the credentials (attempt 1)") {
+		t.Fatalf("Connect with a wrong password: %v", err)
+	}
+	if strings.Contains(err.Error(), "wrong") {
+		t.Errorf("the password is in the error: %v", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("took %v: retried", took)
+	}
+	if n := len(rec.matching("nats not reachable, retrying")); n != 0 {
+		t.Errorf("logged %d outages for an authentication refusal", n)
+	}
+	if _, err := Connect(ctx, ConnectOptions{URL: srv.ClientURL(), User: "node", Password: "right", Name: "test"}, log); err != nil {
+		t.Errorf("right credentials: %v", err)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -72,7 +71,7 @@ failed export never leaves a file that looks whole.`,
 				return err
 			}
 			opts := runtime.PairRecordOptions{Pair: pair, Bucket: nf.bucket, Stream: stream, From: f, To: t}
-			n, size, err := exportToFile(cmd.Context(), js, opts, redactURL(nf.url), out, stderr)
+			n, size, err := exportToFile(cmd.Context(), js, opts, runtime.RedactURLs(nf.url), out, stderr)
 			if err != nil {
 				return err
 			}
@@ -139,16 +138,6 @@ func parseWhen(flag, s string, now time.Time) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("%s %q: want an RFC 3339 time (2025-03-01T10:00:00Z) or a duration ago (90m, 1h)", flag, s)
 	}
 	return now.Add(-d).UTC(), nil
-}
-
-// redactURL drops the password of a URL for headers and messages.
-func redactURL(u string) string {
-	if at := strings.LastIndex(u, "@"); at >= 0 {
-		if scheme := strings.Index(u, "://"); scheme >= 0 && scheme < at {
-			return u[:scheme+3] + "***" + u[at:]
-		}
-	}
-	return u
 }
 
 // progress draws a one-line progress report on stderr, only when stderr

@@ -388,6 +388,11 @@ func TestStatusWithoutNATSFailsFast(t *testing.T) {
 	if stdout != "" {
 		t.Errorf("stdout %q", stdout)
 	}
+	// A password in the URL never reaches an error message.
+	_, _, stderr = runBinary(t, 15*time.Second, "status", "--nats-url", "nats://operator:s3cret@127.0.0.1:1")
+	if strings.Contains(stderr, "s3cret") || !strings.Contains(stderr, "connect to NATS at nats://operator:xxxxx@127.0.0.1:1") {
+		t.Errorf("stderr with a password in the URL: %q", stderr)
+	}
 }
 
 // A switchover towards a member that does not run is refused by the

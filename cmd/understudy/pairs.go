@@ -61,7 +61,10 @@ func (f *natsFlags) connect(ctx context.Context) (*nats.Conn, events.KV, error) 
 	}
 	nc, err := nats.Connect(f.url, opts...)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect to NATS at %s: %w (is a node running? start one with 'understudy serve')", f.url, err)
+		if runtime.IsAuthError(err) {
+			return nil, nil, fmt.Errorf("connect to NATS at %s: %w: the server refused the credentials ($UNDERSTUDY_NATS_USER and _PASSWORD, or _CREDS, or the URL's)", runtime.RedactURLs(f.url), err)
+		}
+		return nil, nil, fmt.Errorf("connect to NATS at %s: %w (is a node running? start one with 'understudy serve')", runtime.RedactURLs(f.url), err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {

@@ -127,7 +127,7 @@ json). Rules that break the safety inequality are refused unless
 				if err != nil {
 					return err
 				}
-				fold, err := projections.NewFold(projections.Options{Pair: pair, Bucket: nf.bucket, Codec: runtime.Codec(), From: fromT, To: toT, Source: redactURL(nf.url)})
+				fold, err := projections.NewFold(projections.Options{Pair: pair, Bucket: nf.bucket, Codec: runtime.Codec(), From: fromT, To: toT, Source: runtime.RedactURLs(nf.url)})
 				if err != nil {
 					return err
 				}
