@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/anthdm/hollywood/actor"
@@ -198,6 +199,10 @@ func StartAgent(ctx context.Context, nc *nats.Conn, fleetBucket, stream string, 
 	return a, nil
 }
 
+// Running reports whether the agent's actor runs (false once it stopped,
+// by Stop or otherwise).
+func (a *Agent) Running() bool { return !a.actor.halted.Load() }
+
 // Stop stops the agent, its resource actors and the processes it runs. It
 // cuts off the reconciler calls in flight, waits for the actors to stop,
 // then closes what they shared (processes, the libvirt driver, appenders).
@@ -232,6 +237,9 @@ type (
 // agentActor is the node agent: it owns the manifest, the status and the
 // resource actors.
 type agentActor struct {
+	// halted: the actor stopped (for /healthz: an agent that stopped
+	// without Agent.Stop has stopped converging).
+	halted   atomic.Bool
 	cfg      AgentConfig
 	life     context.Context // ends when Agent.Stop begins
 	nc       *nats.Conn
@@ -280,6 +288,7 @@ func (a *agentActor) Receive(c *actor.Context) {
 	case actor.Started:
 		a.startedAt(c)
 	case actor.Stopped:
+		a.halted.Store(true)
 		a.stopped()
 	case manifestMsg:
 		a.onManifest(c, m)

@@ -93,7 +93,8 @@ type node struct {
 	embedded    *EmbeddedNATS // nil with an external NATS
 	nc          atomic.Pointer[nats.Conn]
 	provisioned atomic.Bool
-	host        atomic.Pointer[Host] // the failover members, once started
+	host        atomic.Pointer[Host]  // the failover members, once started
+	agent       atomic.Pointer[Agent] // the node's agent, once started
 }
 
 func (n *node) connected() bool {
@@ -171,6 +172,7 @@ func (n *node) run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("runtime: agent: %w", err)
 		}
+		n.agent.Store(ag)
 		defer ag.Stop()
 	}
 	n.log.Info("ready", "client_url", clientURL, "http", n.httpAddr, "nats", mode, "replicas", s.replicas,
@@ -303,6 +305,9 @@ func (n *node) healthz(w http.ResponseWriter, r *http.Request) {
 	}
 	if n.embedded != nil && n.embedded.StoreFull() {
 		h.Reasons = append(h.Reasons, "jetstream: the data directory ran out of space; writes are refused until space is freed (recovery is automatic)")
+	}
+	if ag := n.agent.Load(); ag != nil && !ag.Running() {
+		h.Reasons = append(h.Reasons, "agent: stopped; the node no longer converges its manifest")
 	}
 	if host := n.host.Load(); host != nil {
 		h.Members = host.Members()

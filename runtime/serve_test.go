@@ -410,6 +410,15 @@ func TestHealthzReportsStoppedMember(t *testing.T) {
 		t.Errorf("members %+v", body.Members)
 	}
 
+	// A stopped agent is a reason.
+	aa := &agentActor{}
+	aa.halted.Store(true)
+	n.agent.Store(&Agent{actor: aa})
+	_, body = getHealth(t, srv.URL)
+	if !slices.Contains(body.Reasons, "agent: stopped; the node no longer converges its manifest") {
+		t.Errorf("reasons with a stopped agent: %q", body.Reasons)
+	}
+
 	// An embedded store that ran out of space is a reason too.
 	n.embedded = &EmbeddedNATS{sl: &serverLogger{noSpace: true}}
 	_, body = getHealth(t, srv.URL)
