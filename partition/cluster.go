@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -194,6 +195,18 @@ func (c *Cluster) KillNATS(site string) {
 	if p != nil {
 		p.Kill()
 	}
+}
+
+// SignalNATS sends a signal to a site's NATS server (SIGSTOP freezes it
+// with its connections open, SIGCONT resumes it).
+func (c *Cluster) SignalNATS(site string, sig syscall.Signal) error {
+	c.mu.Lock()
+	p := c.nats[site]
+	c.mu.Unlock()
+	if p == nil || !p.Running() {
+		return fmt.Errorf("nats-%s is not running", site)
+	}
+	return p.cmd.Process.Signal(sig)
 }
 
 // StartNode starts a site's understudy node.

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -105,6 +106,29 @@ var scenarios = []scenario{
 			sleep(ctx, faultHold)
 			r.markHeal()
 			return r.c.StartNATS("a")
+		}},
+	{name: "freeze-nats-primary", what: "site a's nats-server stopped (SIGSTOP: connections open, nothing answers), continued after 15 s", primaryLost: true,
+		fault: func(ctx context.Context, r *scenarioRun) error {
+			r.markFault()
+			if err := r.c.SignalNATS("a", syscall.SIGSTOP); err != nil {
+				return err
+			}
+			sleep(ctx, faultHold)
+			r.markHeal()
+			return r.c.SignalNATS("a", syscall.SIGCONT)
+		}},
+	{name: "cut-primary-replica", what: "sites a and b cannot reach each other; both reach w, 15 s",
+		fault: func(ctx context.Context, r *scenarioRun) error {
+			b := r.c.Lab.Sites["b"].IP
+			return r.hold(ctx, faultHold, fault{
+				apply: func(ctx context.Context, l *Lab) error {
+					if err := l.IPTables(ctx, "a", "-I", "INPUT", "-s", b, "-j", "DROP"); err != nil {
+						return err
+					}
+					return l.IPTables(ctx, "a", "-I", "OUTPUT", "-d", b, "-j", "DROP")
+				},
+				lift: func(ctx context.Context, l *Lab) error { return l.Heal(ctx, "a") },
+			})
 		}},
 	{name: "stop-all-nats", what: "all three nats-servers SIGKILLed, restarted after 15 s",
 		fault: func(ctx context.Context, r *scenarioRun) error {
