@@ -139,3 +139,25 @@ func FuzzDecodeManifest(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeStatus: whatever is stored at actual-state.<agent>, the
+// decoder returns a status or an error, never a panic, within the bounds
+// of StatusLimits.
+func FuzzDecodeStatus(f *testing.F) {
+	seed, err := msgpack.Marshal(Status{Agent: "n1", ManifestGeneration: 3, Resources: map[string]ResourceStatus{"motd": {}}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(seed)
+	f.Add(append(bytes.Repeat([]byte{0x91}, 100), 0xc0))
+	f.Add([]byte{0xdf, 0xff, 0xff, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		s, err := DecodeStatus(b)
+		if err != nil {
+			return
+		}
+		if _, err := msgpack.Marshal(s); err != nil {
+			t.Fatalf("a decoded status does not encode: %v", err)
+		}
+	})
+}
