@@ -29,7 +29,7 @@ const (
 const (
 	faultHold   = 15 * time.Second // how long a fault lasts
 	settle      = 15 * time.Second // after the heal, before judging
-	baselineFor = 3 * time.Second  // site-a alone serving this long before the fault
+	baselineFor = 3 * time.Second  // site-a alone serving, site-b up, this long before the fault
 	startWithin = 60 * time.Second // for the cluster to elect site-a
 	// placementWithin bounds the wait for assets.preferred_leader to hold.
 	placementWithin = 15 * time.Second
@@ -482,7 +482,7 @@ type result struct {
 	UnavailableMS float64 `json:"unavailable_ms"`
 	// LongestGapAfterHealMS: the longest time nobody served after the heal.
 	LongestGapAfterHealMS float64 `json:"longest_gap_after_heal_ms"`
-	// LeadershipChanges: how often the serving site changed over the run.
+	// LeadershipChanges: how often the serving site changed from the fault on.
 	LeadershipChanges int      `json:"leadership_changes"`
 	PromotesAfter     int      `json:"promotes_after_fault"`
 	FencesAfter       int      `json:"fences_after_fault"`
@@ -646,10 +646,13 @@ func (r *scenarioRun) execute(ctx context.Context, bin Binaries, preferred strin
 			}
 		}
 		now := time.Now()
-		if on := ServingAt(Serving(evs, now), now); len(on) == 1 && on[0] == NodeA {
+		// Both members must be up: a member comes up fenced, so its first
+		// oracle line is a fence; the replica's proves it runs and watches.
+		_, replicaUp := FirstAfter(evs, KindFence, NodeB, time.Time{})
+		if on := ServingAt(Serving(evs, now), now); replicaUp && len(on) == 1 && on[0] == NodeA {
 			if since.IsZero() {
 				since = now
-				r.logf("site-a serves")
+				r.logf("site-a serves, site-b's member is up")
 			}
 			if now.Sub(since) >= baselineFor {
 				break
@@ -658,7 +661,7 @@ func (r *scenarioRun) execute(ctx context.Context, bin Binaries, preferred strin
 			since = time.Time{}
 		}
 		if now.After(deadline) || ctx.Err() != nil {
-			r.fail("setup: site-a was not serving alone for %s within %s of the start (oracle: %v)", baselineFor, startWithin, evs)
+			r.fail("setup: site-a was not serving alone, with site-b's member up, for %s within %s of the start (oracle: %v)", baselineFor, startWithin, evs)
 			return
 		}
 		sleep(ctx, 200*time.Millisecond)
@@ -744,7 +747,13 @@ func (r *scenarioRun) judge(ctx context.Context) {
 		res.UnavailableMS += *ms(g.Duration())
 	}
 	res.LongestGapAfterHealMS = *ms(Longest(Gaps(ivs, res.HealAt, end)).Duration())
-	res.LeadershipChanges = LeadershipChanges(ivs)
+	var since []Interval // the intervals from the fault on (the first is site-a's)
+	for _, iv := range ivs {
+		if iv.To.After(f) {
+			since = append(since, iv)
+		}
+	}
+	res.LeadershipChanges = LeadershipChanges(since)
 	res.PromotesAfter, res.FencesAfter = Count(evs, KindPromote, f), Count(evs, KindFence, f)
 	if r.sc.replicaMust {
 		if res.FailoverMS == nil {
