@@ -132,6 +132,12 @@ type Member struct {
 	leaderSeenAt time.Duration
 	ownBeatTime  time.Time
 	ownBeatRev   uint64
+	// storeResumed is the server time of this member's first heartbeat
+	// after a stretch of more than 2 heartbeat_timeout in which none of
+	// its own landed: the store (or the way to it) stalled for everyone,
+	// a JetStream leader election for instance, and the leader's silence
+	// over that stretch proves nothing about the leader.
+	storeResumed time.Time
 	lastRev      uint64 // revision of this member's own last landed register write
 	beat         uint64
 	memberBeat   uint64
@@ -525,7 +531,15 @@ func (m *Member) maybeAcquire() {
 			return
 		}
 	}
+	// Staleness runs from the leader's last write, or from when this
+	// member's own writes landed again after a stall, whichever is later:
+	// a holder cannot write while nobody can, and a stall as long as
+	// failover_timeout (a JetStream election) must not pass for its death.
+	// Like the local clock's check, this can only delay a promotion.
 	serverStale := m.ownBeatTime.Sub(m.leader.Time)
+	if resumed := m.ownBeatTime.Sub(m.storeResumed); m.storeResumed.After(m.leader.Time) && resumed < serverStale {
+		serverStale = resumed
+	}
 	if m.ownBeatRev > m.leader.Rev && serverStale > fo && localStale > fo {
 		m.acquire(AcquireStale, m.leader.Rev, serverStale)
 		return
@@ -815,6 +829,9 @@ func (m *Member) onLeader(e LeaderEntry) {
 func (m *Member) onMemberBeat(h HeartbeatObserved) {
 	if h.Value.Site == m.site {
 		if h.Rev > m.ownBeatRev {
+			if !m.ownBeatTime.IsZero() && h.Time.Sub(m.ownBeatTime) > 2*m.rules.HeartbeatTimeout {
+				m.storeResumed = h.Time
+			}
 			m.ownBeatRev, m.ownBeatTime = h.Rev, h.Time
 		}
 		return
