@@ -61,6 +61,17 @@ var regressions = []struct {
 	// 9d18260 (lone unfencing announcements keep the holder fenced).
 	{name: "finding-4-lone-unfencing-announcements", scenario: "lossy-primary", seed: 6},
 	{name: "finding-4-lone-unfencing-announcements-b", scenario: "lossy-primary", seed: 12},
+	// Found by the real partition suite (partition/, isolate-witness): with
+	// the stream leader kept on the witness (assets.preferred_leader),
+	// cutting the witness off stalls every write for an election (4-9s);
+	// the replica's first heartbeat after it found the primary's last
+	// write more than failover_timeout old and took over, and the primary
+	// took the register back later: two changes of leadership for a stall
+	// of the store. Before (4281f19~1): scenario-expectation, "failover"
+	// happened 4 times in witness-loss seed 1 (39 of seeds 1-40 failed).
+	// Fixed by 4281f19 (staleness runs from the first own heartbeat after
+	// a stall).
+	{name: "witness-loss-is-not-a-failover", scenario: "witness-loss", seed: 1},
 }
 
 func TestRegressionSeeds(t *testing.T) {

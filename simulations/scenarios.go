@@ -245,6 +245,21 @@ var scenarios = []*Scenario{
 		Required: []counterID{cLeaderElected, cInFlightRefused},
 	},
 	{
+		Name: "witness-loss", Summary: "the witness site, which holds the stream leader, is cut off again and again: every write stalls until an election; the primary may fence itself, but the pair never fails over for it",
+		Duration: 6 * time.Minute,
+		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+			out := []Fault{{Kind: FaultLeader, Site: Witness, At: 0}}
+			for t := between(r, 20*time.Second, 30*time.Second); t < d-4*rl.FailoverTimeout; t += between(r, 40*time.Second, 60*time.Second) {
+				out = append(out,
+					Fault{Kind: FaultIsolate, Site: Witness, At: t, For: between(r, 2*time.Second, 3*rl.FailoverTimeout)},
+					Fault{Kind: FaultLeader, Site: Witness, At: t + 3*rl.FailoverTimeout + 5*time.Second}) // the keeper moves it back
+			}
+			return out
+		},
+		Required:  []counterID{cLeaderElected},
+		Forbidden: []counterID{cFailover},
+	},
+	{
 		Name: "lossy-primary", Summary: "the primary's link has 400ms of latency and 30% loss for 3 minutes: it fences, announces its unfencing in writes whose answers are lost, and the replica must still take over",
 		Duration: 4 * time.Minute,
 		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
