@@ -514,8 +514,8 @@ func fmtMS(p *float64) string {
 }
 
 func (r *result) summary() string {
-	return fmt.Sprintf("pass=%v failover=%s first_gap=%s@+%s unavailable=%.0fms longest_gap_after_heal=%.0fms leadership_changes=%d promotes=%d fences=%d serving_at_end=%v replay_split_brain=%d replay_failovers=%d",
-		r.Pass, fmtMS(r.FailoverMS), fmtMS(r.FirstGapMS), fmtMS(r.FirstGapStartMS), r.UnavailableMS, r.LongestGapAfterHealMS,
+	return fmt.Sprintf("%s pass=%v failover=%s first_gap=%s@+%s unavailable=%.0fms longest_gap_after_heal=%.0fms leadership_changes=%d promotes=%d fences=%d serving_at_end=%v replay_split_brain=%d replay_failovers=%d",
+		r.Scenario, r.Pass, fmtMS(r.FailoverMS), fmtMS(r.FirstGapMS), fmtMS(r.FirstGapStartMS), r.UnavailableMS, r.LongestGapAfterHealMS,
 		r.LeadershipChanges, r.PromotesAfter, r.FencesAfter, r.ServingAtEnd, r.ReplaySplitBrain, r.ReplayFailovers)
 }
 
