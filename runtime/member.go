@@ -95,6 +95,7 @@ type memberActor struct {
 	corruptRev uint64
 	acked      []ackedWrite
 	delivered  atomic.Uint64
+	watched    bool // a watch delivered its initial values (watch goroutine only)
 }
 
 // stop ends the member for good (its host may start a new one) and tells
@@ -427,7 +428,12 @@ func (a *memberActor) follow(w events.Watcher) {
 				return
 			}
 			if e.Revision == 0 {
-				a.engine.Send(a.pid, memberInput{failover.Synced{}})
+				if a.watched {
+					a.engine.Send(a.pid, memberInput{failover.Resynced{}})
+				} else {
+					a.engine.Send(a.pid, memberInput{failover.Synced{}})
+				}
+				a.watched = true
 				continue
 			}
 			if e.Revision <= a.delivered.Load() {

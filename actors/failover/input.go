@@ -23,6 +23,11 @@ type Shutdown struct{}
 // keys; what follows is live.
 type Synced struct{}
 
+// Resynced is Synced for a watch established afresh after an earlier one
+// (it lagged or failed): it delivered the latest entry of each key, so the
+// revisions written meanwhile were skipped.
+type Resynced struct{}
+
 // WriteErr classifies a failed KV write.
 type WriteErr int
 
@@ -141,6 +146,7 @@ type ProcedureResult struct {
 
 func (Tick) isInput()               {}
 func (Synced) isInput()             {}
+func (Resynced) isInput()           {}
 func (Shutdown) isInput()           {}
 func (WriteResult) isInput()        {}
 func (LeaderObserved) isInput()     {}

@@ -138,6 +138,10 @@ type Member struct {
 	// a JetStream leader election for instance, and the leader's silence
 	// over that stretch proves nothing about the leader.
 	storeResumed time.Time
+	// rewatched: the watch was established afresh (Resynced); its first
+	// delivery of this member's heartbeat skips the ones written while it
+	// was re-established, and that gap is the watch's, not the store's.
+	rewatched bool
 	lastRev      uint64 // revision of this member's own last landed register write
 	beat         uint64
 	memberBeat   uint64
@@ -248,13 +252,13 @@ func (m *Member) Step(now time.Duration, in Input) Ready {
 	}
 	switch in := in.(type) {
 	case Tick:
-	case Synced:
-		if !m.synced {
-			m.synced, m.syncedAt = true, m.now
-			if !m.leaderKnown {
-				m.leaderSeenAt = m.now
-			}
+	case Resynced:
+		if m.synced {
+			m.rewatched = true
 		}
+		m.onSynced()
+	case Synced:
+		m.onSynced()
 	case WriteResult:
 		m.onWriteResult(in)
 	case LeaderObserved:
@@ -275,6 +279,15 @@ func (m *Member) Step(now time.Duration, in Input) Ready {
 	}
 	m.tick()
 	return m.flush()
+}
+
+func (m *Member) onSynced() {
+	if !m.synced {
+		m.synced, m.syncedAt = true, m.now
+		if !m.leaderKnown {
+			m.leaderSeenAt = m.now
+		}
+	}
 }
 
 // NextWake is the local monotonic time at which the member next needs a
@@ -829,9 +842,10 @@ func (m *Member) onLeader(e LeaderEntry) {
 func (m *Member) onMemberBeat(h HeartbeatObserved) {
 	if h.Value.Site == m.site {
 		if h.Rev > m.ownBeatRev {
-			if !m.ownBeatTime.IsZero() && h.Time.Sub(m.ownBeatTime) > 2*m.rules.HeartbeatTimeout {
+			if !m.rewatched && !m.ownBeatTime.IsZero() && h.Time.Sub(m.ownBeatTime) > 2*m.rules.HeartbeatTimeout {
 				m.storeResumed = h.Time
 			}
+			m.rewatched = false
 			m.ownBeatRev, m.ownBeatTime = h.Rev, h.Time
 		}
 		return

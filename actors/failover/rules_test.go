@@ -120,3 +120,41 @@ func TestRulesFloorsAndNameLengths(t *testing.T) {
 		t.Errorf("the floors themselves: %v", err)
 	}
 }
+
+// A gap in the follower's own heartbeats is a stall of the store — the
+// staleness clock restarts after it — unless the watch was established
+// afresh (Resynced): a new watch delivers only the latest heartbeat, and
+// the gap is the watch's.
+func TestStoreStallAndRewatchGaps(t *testing.T) {
+	r := DefaultRules("pg", "site-a", "site-b")
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	run := func(rewatch bool) bool {
+		m, err := NewMember("site-b", r, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Start(0)
+		m.Step(0, ProcedureResult{Kind: ProcFence, Seq: 1, OK: true})
+		m.Step(0, Synced{})
+		m.Step(0, LeaderObserved{Entry: LeaderEntry{Rev: 5, Time: t0, Value: Leader{Site: "site-a", Term: 1, Beat: 3}}})
+		for i := 1; i <= 2; i++ {
+			m.Step(time.Duration(i)*time.Second, HeartbeatObserved{Rev: uint64(5 + i), Time: t0.Add(time.Duration(i) * time.Second), Value: Heartbeat{Site: "site-b", Beat: uint64(i)}})
+		}
+		if rewatch {
+			m.Step(6*time.Second, Resynced{})
+		}
+		ready := m.Step(6500*time.Millisecond, HeartbeatObserved{Rev: 20, Time: t0.Add(6500 * time.Millisecond), Value: Heartbeat{Site: "site-b", Beat: 7}})
+		for _, w := range ready.Writes {
+			if w.Kind == WriteAcquire {
+				return true
+			}
+		}
+		return false
+	}
+	if run(false) {
+		t.Error("after a 4.5s gap in its own acknowledged heartbeats (a stall) the follower promoted at once")
+	}
+	if !run(true) {
+		t.Error("after a fresh watch skipped its heartbeats the follower did not promote a leader silent for 6.5s")
+	}
+}
