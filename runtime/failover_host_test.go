@@ -855,6 +855,7 @@ type stallingKV struct {
 	events.KV
 	mu      sync.Mutex
 	watches int
+	all     bool // every watch stalls, not only the first
 }
 
 type stalledWatch struct {
@@ -873,7 +874,7 @@ func (k *stallingKV) Watch(ctx context.Context, pattern string, opts events.Watc
 	k.watches++
 	n := k.watches
 	k.mu.Unlock()
-	if n > 1 {
+	if n > 1 && !k.all {
 		return k.KV.Watch(ctx, pattern, opts)
 	}
 	real, err := k.KV.Watch(ctx, pattern, opts)
@@ -910,7 +911,7 @@ func TestLaggingWatchIsReplaced(t *testing.T) {
 	pid := engine.Spawn(NewMemberActor(MemberConfig{Rules: r, Site: r.Primary, Procedures: recordedProcedures()}, deps), "member", actor.WithID("stuck"))
 	t.Cleanup(func() { <-engine.Poison(pid).Done() })
 	tr.waitFor(t, r.Primary, "failover.serving_started", 1, 5*time.Second)
-	lines := rec.waitFor(t, "kv watch lags behind acknowledged writes; watching afresh", 1, 10*r.HeartbeatTimeout)
+	lines := rec.waitFor(t, "kv watch lags behind acknowledged writes; watching afresh, and reading the pair's keys directly meanwhile", 1, 10*r.HeartbeatTimeout)
 	kv.mu.Lock()
 	watches := kv.watches
 	kv.mu.Unlock()
@@ -973,5 +974,39 @@ func TestForeignRecordOnMemberSubjectIsSkipped(t *testing.T) {
 	}
 	if m := sh2.host.Members(); !m[0].Running {
 		t.Errorf("restarted member: %+v", m)
+	}
+}
+
+// A follower whose every watch stalls (its consumers cannot be created or
+// do not deliver) still sees its pair through direct reads, and replaces a
+// dead leader within failover_timeout + 2 × heartbeat_timeout (plus the
+// promote chain and scheduling).
+func TestStalledWatchesDoNotDelayFailover(t *testing.T) {
+	t.Parallel()
+	fn := startFailoverNATS(t)
+	r := fastRules(t, "stalled-watches")
+	tr := newTransitions()
+	primary := hostMember(t, "nats://"+fn.addr, fn, r, r.Primary, procedure.Drivers{"exec": &stepRecorder{}}, tr, nil)
+	tr.waitFor(t, r.Primary, "failover.serving_started", 1, 5*time.Second)
+
+	log, rec := newLogRecorder(t)
+	kv := &stallingKV{KV: fn.kv, all: true}
+	engine, err := actor.NewEngine(actor.NewEngineConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	deps := MemberDeps{Log: fn.evlog, KV: kv, Drivers: procedure.Drivers{"exec": &stepRecorder{}}, Logger: log, Observe: tr.observe}
+	pid := engine.Spawn(NewMemberActor(MemberConfig{Rules: r, Site: r.Replica, Procedures: recordedProcedures()}, deps), "member", actor.WithID("replica"))
+	t.Cleanup(func() { <-engine.Poison(pid).Done() })
+	rec.waitFor(t, "kv watch lags behind acknowledged writes; watching afresh, and reading the pair's keys directly meanwhile", 1, 20*r.HeartbeatTimeout)
+
+	primary.host.Stop(context.Background()) // the primary's process dies
+	died := time.Now()
+	served := tr.waitFor(t, r.Replica, "failover.serving_started", 1, 10*time.Second)
+	bound := r.FailoverTimeout + 2*r.HeartbeatTimeout + 500*time.Millisecond
+	if took := served.At.Sub(died); took > bound {
+		t.Errorf("the replica served %v after the primary died, over %v", took, bound)
+	} else {
+		t.Logf("the replica served %v after the primary died (bound %v)", took, bound)
 	}
 }

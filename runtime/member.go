@@ -95,7 +95,9 @@ type memberActor struct {
 	corruptRev uint64
 	acked      []ackedWrite
 	delivered  atomic.Uint64
-	watched    bool // a watch delivered its initial values (watch goroutine only)
+	feedMu     sync.Mutex  // one entry at a time to the member (watch and direct reads)
+	watched    bool        // a watch delivered its initial values (under feedMu)
+	bridging   atomic.Bool // the watch lags: read the pair's keys directly (bridge)
 }
 
 // stop ends the member for good (its host may start a new one) and tells
@@ -179,6 +181,7 @@ func (a *memberActor) started(c *actor.Context) {
 	a.app.start()
 	a.resource = c.SpawnChild(newResourceActor(a.cfg, a.deps), "resource")
 	go a.watch()
+	go a.bridge()
 	a.handle(a.m.Start(a.now()))
 	a.schedule()
 }
@@ -428,29 +431,87 @@ func (a *memberActor) follow(w events.Watcher) {
 				return
 			}
 			if e.Revision == 0 {
+				a.feedMu.Lock()
 				if a.watched {
 					a.engine.Send(a.pid, memberInput{failover.Resynced{}})
 				} else {
 					a.engine.Send(a.pid, memberInput{failover.Synced{}})
 				}
 				a.watched = true
+				a.feedMu.Unlock()
+				if a.bridging.CompareAndSwap(true, false) {
+					a.log.Info("kv watch delivers again; direct reads of the pair's keys stop")
+				}
 				continue
 			}
-			if e.Revision <= a.delivered.Load() {
-				continue
-			}
-			a.delivered.Store(e.Revision)
-			if in := a.input(e); in != nil {
-				a.engine.Send(a.pid, memberInput{in})
-			}
+			a.feed(e)
 		case <-check.C:
 			if w, lagging := a.oldestUndelivered(); lagging {
-				a.log.Warn("kv watch lags behind acknowledged writes; watching afresh",
+				a.log.Warn("kv watch lags behind acknowledged writes; watching afresh, and reading the pair's keys directly meanwhile",
 					"acked_revision", w.rev, "delivered_revision", a.delivered.Load(), "acked_ago", time.Since(w.at))
+				a.bridging.Store(true)
 				return
 			}
 		case <-a.ctx.Done():
 			return
+		}
+	}
+}
+
+// feed hands a KV entry to the member once: an entry at or below the
+// latest revision handed over (by the watch or a direct read) is skipped,
+// so the member sees revisions in order, each once.
+func (a *memberActor) feed(e events.Entry) {
+	a.feedMu.Lock()
+	defer a.feedMu.Unlock()
+	if e.Revision <= a.delivered.Load() {
+		return
+	}
+	a.delivered.Store(e.Revision)
+	if in := a.input(e); in != nil {
+		a.engine.Send(a.pid, memberInput{in})
+	}
+}
+
+// bridge reads the register and both members' heartbeats directly every
+// half heartbeat while the watch lags and until a fresh watch delivers.
+// A new watch needs a consumer, which JetStream creates through its meta
+// leader: when that leader's site is the one cut off, creation waits for
+// an election, and a follower that saw neither its own heartbeats nor the
+// register meanwhile would detect a dead leader that much later. A direct
+// read needs only the stream. The member is told (Resynced) that the
+// heartbeats it skips meanwhile were skipped by the reading, not lost.
+func (a *memberActor) bridge() {
+	t := time.NewTicker(a.cfg.Rules.HeartbeatTimeout / 2)
+	defer t.Stop()
+	pair := a.cfg.Rules.Pair
+	keys := []string{failover.LeaderKey(pair), failover.HeartbeatKey(pair, a.cfg.Site), failover.HeartbeatKey(pair, a.cfg.Rules.Other(a.cfg.Site))}
+	bridged := false
+	for {
+		select {
+		case <-a.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !a.bridging.Load() {
+			bridged = false
+			continue
+		}
+		if !bridged {
+			a.feedMu.Lock()
+			if a.watched {
+				a.engine.Send(a.pid, memberInput{failover.Resynced{}})
+			}
+			a.feedMu.Unlock()
+			bridged = true
+		}
+		for _, k := range keys {
+			ctx, cancel := context.WithTimeout(a.ctx, a.cfg.Rules.HeartbeatTimeout/2)
+			e, err := a.deps.KV.Get(ctx, k)
+			cancel()
+			if err == nil {
+				a.feed(e)
+			}
 		}
 	}
 }
