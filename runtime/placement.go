@@ -50,7 +50,16 @@ type LeaderKeeperConfig struct {
 	MaxBackoff time.Duration
 	// Timeout bounds each JetStream request; zero means 2s.
 	Timeout time.Duration
+	// RejoinSettle is how long the preferred server must have been a
+	// current replica without a break before a leader is moved to it;
+	// zero means DefaultRejoinSettle, negative none (tests).
+	RejoinSettle time.Duration
 }
+
+// DefaultRejoinSettle: a server back from a cut reports current before its
+// raft log has settled; moving a leader to it at once was seen to leave a
+// stream without one for 11s.
+const DefaultRejoinSettle = 10 * time.Second
 
 // LeaderKeeper keeps the leaders of JetStream streams on one preferred
 // server. JetStream elects a stream's leader among its replicas by raft and
@@ -91,6 +100,12 @@ func StartLeaderKeeper(ctx context.Context, nc *nats.Conn, js jetstream.JetStrea
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 2 * time.Second
 	}
+	switch {
+	case cfg.RejoinSettle == 0:
+		cfg.RejoinSettle = DefaultRejoinSettle
+	case cfg.RejoinSettle < 0:
+		cfg.RejoinSettle = 0
+	}
 	ctx, stop := context.WithCancel(ctx)
 	k := &LeaderKeeper{nc: nc, js: js, cfg: cfg, log: log.With("component", "leader-keeper", "preferred", cfg.Preferred), stop: stop, done: make(chan struct{})}
 	go k.run(ctx)
@@ -113,6 +128,9 @@ type keptStream struct {
 	// leader as last seen, and since when it was seen (local clock).
 	leader     string
 	leaderSeen time.Time
+	// currentSince: since when the preferred server has been seen a
+	// current replica without a break (zero: it is not).
+	currentSince time.Time
 }
 
 func (k *LeaderKeeper) run(ctx context.Context) {
@@ -181,8 +199,18 @@ func (k *LeaderKeeper) check(ctx context.Context, s *keptStream) {
 		k.after(s, k.interval())
 		return
 	case peer.Offline || !peer.Current || peer.Pending || peer.Lag > 0 || peer.Active > maxPeerSilence:
+		s.currentSince = time.Time{}
 		k.noted(s, "not current", slog.LevelInfo, "preferred server is not a current replica (unreachable or catching up); the leader stays where it is until it is", "stream", s.name, "leader", leader)
 		k.after(s, k.interval())
+		return
+	case k.cfg.RejoinSettle > 0 && (s.currentSince.IsZero() || time.Since(s.currentSince) < k.cfg.RejoinSettle):
+		// A server that has just come back reports current before its raft
+		// log has settled; a leader handed to it then can leave the stream
+		// without one for an election. It must stay current a while first.
+		if s.currentSince.IsZero() {
+			s.currentSince = time.Now()
+		}
+		k.after(s, k.cfg.RejoinSettle-time.Since(s.currentSince)+minLeaderCheckInterval)
 		return
 	case time.Since(s.leaderSeen) < leaderSettle:
 		k.after(s, leaderSettle-time.Since(s.leaderSeen)+minLeaderCheckInterval)

@@ -160,7 +160,8 @@ func TestLeaderKeeperBringsLeadersBackToPreferredServer(t *testing.T) {
 	time.Sleep(time.Second)
 
 	start := time.Now()
-	k := StartLeaderKeeper(ctx, nc, js, LeaderKeeperConfig{Preferred: preferred, Streams: streams, Interval: 500 * time.Millisecond}, log)
+	const settle = 1500 * time.Millisecond
+	k := StartLeaderKeeper(ctx, nc, js, LeaderKeeperConfig{Preferred: preferred, Streams: streams, Interval: 500 * time.Millisecond, RejoinSettle: settle}, log)
 	defer k.Stop()
 	for _, s := range streams {
 		deadline := time.Now().Add(10 * time.Second)
@@ -171,6 +172,9 @@ func TestLeaderKeeperBringsLeadersBackToPreferredServer(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		t.Logf("%s led by %s %s after the keeper started", s, preferred, time.Since(start).Round(time.Millisecond))
+		if took := time.Since(start); took < settle {
+			t.Errorf("%s moved %v after the keeper started, before the preferred server had been current for %v", s, took, settle)
+		}
 	}
 	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("leaders back on %s after %s, want within a few seconds", preferred, took)

@@ -195,6 +195,9 @@ var ErrInvalidAsset = errors.New("invalid asset")
 const (
 	codeReplicasNotSupported = 10074 // JSStreamReplicasNotSupportedErr
 	codeClusterNotAvailable  = 10008 // JSClusterNotAvailErr: temporarily unavailable
+	codeClusterNoPeers       = 10005 // JSClusterNoPeersErr: no suitable peers (yet) for the placement
+	codeClusterNotLeader     = 10009 // JSClusterNotLeaderErr: the meta leader moved while answering
+	codeStreamNotFound       = 10059 // JSStreamNotFoundErr: another node's create is not visible yet
 )
 
 // Provision makes the assets exist with the wanted settings. It is
@@ -503,7 +506,8 @@ func isAPIError(err error, code jetstream.ErrorCode) bool {
 // answer, timeouts, cluster temporarily unavailable) from one that refused
 // the assets.
 func retryableProvisionError(err error) bool {
-	if isAPIError(err, codeClusterNotAvailable) || errors.Is(err, jetstream.ErrJetStreamNotEnabled) {
+	if isAPIError(err, codeClusterNotAvailable) || isAPIError(err, codeClusterNotLeader) || isAPIError(err, codeStreamNotFound) ||
+		errors.Is(err, jetstream.ErrJetStreamNotEnabled) {
 		// JetStream may still be starting on the server; an operator who
 		// forgot to enable it sees the retry warnings.
 		return true

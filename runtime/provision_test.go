@@ -316,3 +316,19 @@ func TestProvisionAdoptsEqualAssetsMadeElsewhere(t *testing.T) {
 		t.Errorf("bucket made by CreateKeyValue: %+v, want unchanged", got)
 	}
 }
+
+// Answers of a cluster that is forming or electing are retried; the
+// others stop provisioning.
+func TestRetryableProvisionErrorsOfAFormingCluster(t *testing.T) {
+	api := func(code int) error {
+		return &ProvisionError{Kind: KVBucket, Name: "understudy_failover", Err: &jetstream.APIError{Code: 400, ErrorCode: jetstream.ErrorCode(code), Description: "x"}}
+	}
+	for code, want := range map[int]bool{10008: true, 10009: true, 10059: true, 10005: false, 10058: false, 10074: false} {
+		if got := retryableProvisionError(api(code)); got != want {
+			t.Errorf("error code %d: retryable %v, want %v", code, got, want)
+		}
+	}
+	if !isAPIError(api(10005), codeClusterNoPeers) {
+		t.Error("10005 is not recognised (it is retried only while the cluster forms)")
+	}
+}

@@ -22,6 +22,9 @@ const (
 	provisionTimeout   = 10 * time.Second // one provisioning attempt
 	healthTimeout      = time.Second      // the JetStream probe of /healthz
 	httpShutdownWindow = 5 * time.Second  // in-flight requests at shutdown
+	// clusterFormingWindow: how long "no suitable peers" (10005) is taken
+	// for a cluster still forming before provisioning gives up.
+	clusterFormingWindow = 2 * time.Minute
 )
 
 // Serve runs a node until ctx is done: it validates cfg, serves /healthz and
@@ -209,6 +212,7 @@ func memberHandoverWindow(members []MemberConfig) time.Duration {
 // does not answer (a cluster still electing its leader, say).
 func (n *node) provision(ctx context.Context, js jetstream.JetStream, assets []Asset) error {
 	delay := n.s.retry.Initial
+	started := time.Now()
 	for attempt := 1; ; attempt++ {
 		pctx, cancel := context.WithTimeout(ctx, provisionTimeout)
 		p, err := Provision(pctx, js, assets, n.log)
@@ -221,7 +225,10 @@ func (n *node) provision(ctx context.Context, js jetstream.JetStream, assets []A
 			n.log.Info("assets provisioned", "report", p.String(), "refused_changes", p.Refused())
 			return nil
 		}
-		if ctx.Err() != nil || !retryableProvisionError(err) {
+		// A cluster still forming has no suitable peers for R3 yet; one that
+		// never will (fewer servers than replicas) is refused after a while.
+		forming := isAPIError(err, codeClusterNoPeers) && time.Since(started) < clusterFormingWindow
+		if ctx.Err() != nil || !(retryableProvisionError(err) || forming) {
 			return err
 		}
 		next := jitter(delay)
