@@ -479,14 +479,14 @@ func (a *memberActor) feed(e events.Entry) {
 // leader: when that leader's site is the one cut off, creation waits for
 // an election, and a follower that saw neither its own heartbeats nor the
 // register meanwhile would detect a dead leader that much later. A direct
-// read needs only the stream. The member is told (Resynced) that the
-// heartbeats it skips meanwhile were skipped by the reading, not lost.
+// read needs only the stream. The member is told (Resynced, every round)
+// that the heartbeats it skips meanwhile were skipped by the reading, not
+// by a stall of the store.
 func (a *memberActor) bridge() {
 	t := time.NewTicker(a.cfg.Rules.HeartbeatTimeout / 2)
 	defer t.Stop()
 	pair := a.cfg.Rules.Pair
 	keys := []string{failover.LeaderKey(pair), failover.HeartbeatKey(pair, a.cfg.Site), failover.HeartbeatKey(pair, a.cfg.Rules.Other(a.cfg.Site))}
-	bridged := false
 	for {
 		select {
 		case <-a.ctx.Done():
@@ -494,17 +494,15 @@ func (a *memberActor) bridge() {
 		case <-t.C:
 		}
 		if !a.bridging.Load() {
-			bridged = false
 			continue
 		}
-		if !bridged {
-			a.feedMu.Lock()
-			if a.watched {
-				a.engine.Send(a.pid, memberInput{failover.Resynced{}})
-			}
-			a.feedMu.Unlock()
-			bridged = true
+		// Every round: a read that failed leaves a gap in the heartbeats
+		// the member sees, and that gap is the reading's, not the store's.
+		a.feedMu.Lock()
+		if a.watched {
+			a.engine.Send(a.pid, memberInput{failover.Resynced{}})
 		}
+		a.feedMu.Unlock()
 		for _, k := range keys {
 			ctx, cancel := context.WithTimeout(a.ctx, a.cfg.Rules.HeartbeatTimeout/2)
 			e, err := a.deps.KV.Get(ctx, k)
