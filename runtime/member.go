@@ -1,10 +1,12 @@
 package runtime
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -474,7 +476,7 @@ func (a *memberActor) feed(e events.Entry) {
 }
 
 // bridge reads the register and both members' heartbeats directly every
-// half heartbeat while the watch lags and until a fresh watch delivers.
+// quarter heartbeat while the watch lags and until a fresh watch delivers.
 // A new watch needs a consumer, which JetStream creates through its meta
 // leader: when that leader's site is the one cut off, creation waits for
 // an election, and a follower that saw neither its own heartbeats nor the
@@ -483,7 +485,8 @@ func (a *memberActor) feed(e events.Entry) {
 // that the heartbeats it skips meanwhile were skipped by the reading, not
 // by a stall of the store.
 func (a *memberActor) bridge() {
-	t := time.NewTicker(a.cfg.Rules.HeartbeatTimeout / 2)
+	every := a.cfg.Rules.HeartbeatTimeout / 4
+	t := time.NewTicker(every)
 	defer t.Stop()
 	pair := a.cfg.Rules.Pair
 	keys := []string{failover.LeaderKey(pair), failover.HeartbeatKey(pair, a.cfg.Site), failover.HeartbeatKey(pair, a.cfg.Rules.Other(a.cfg.Site))}
@@ -503,11 +506,24 @@ func (a *memberActor) bridge() {
 			a.engine.Send(a.pid, memberInput{failover.Resynced{}})
 		}
 		a.feedMu.Unlock()
-		for _, k := range keys {
-			ctx, cancel := context.WithTimeout(a.ctx, a.cfg.Rules.HeartbeatTimeout/2)
-			e, err := a.deps.KV.Get(ctx, k)
-			cancel()
-			if err == nil {
+		// The three reads at once, each bounded by the round.
+		got := make([]events.Entry, len(keys))
+		var wg sync.WaitGroup
+		for i, k := range keys {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(a.ctx, every)
+				defer cancel()
+				if e, err := a.deps.KV.Get(ctx, k); err == nil {
+					got[i] = e
+				}
+			}()
+		}
+		wg.Wait()
+		slices.SortFunc(got, func(x, y events.Entry) int { return cmp.Compare(x.Revision, y.Revision) })
+		for _, e := range got {
+			if e.Revision != 0 {
 				a.feed(e)
 			}
 		}
@@ -541,8 +557,9 @@ type ackedWrite struct {
 }
 
 // lagLimit is how long an acknowledged write may stay undelivered by the
-// watch: two heartbeats.
-func (a *memberActor) lagLimit() time.Duration { return 2 * a.cfg.Rules.HeartbeatTimeout }
+// watch: one heartbeat (a watch delivers in milliseconds; a follower blind
+// for longer detects a dead leader that much later).
+func (a *memberActor) lagLimit() time.Duration { return a.cfg.Rules.HeartbeatTimeout }
 
 // input turns a KV entry of the pair into a member input (nil: not one,
 // or a heartbeat or switchover value that does not decode, which is logged
