@@ -30,9 +30,17 @@ const (
 const (
 	HeartbeatTimeout = time.Second
 	FailoverTimeout  = 5 * time.Second
+	FailureThreshold = 2
+	FenceGrace       = 2 * time.Second
 	// AvailabilityBound is how soon after the primary's site loses the
 	// cluster the replica must serve: failover_timeout + 2 × heartbeat_timeout.
 	AvailabilityBound = FailoverTimeout + 2*HeartbeatTimeout
+	// LandingHolderBound is the bound when the primary's register writes
+	// may still land while it hears nothing back (one-way cuts, delay and
+	// loss): it fences within (failure_threshold + 1) heartbeats and
+	// fence_grace, and a holder whose writes land is taken over once it
+	// has stayed fenced for failover_timeout (docs/failover.md).
+	LandingHolderBound = (FailureThreshold+1)*HeartbeatTimeout + FenceGrace + FailoverTimeout + 2*HeartbeatTimeout
 )
 
 // nodeSite maps a lab site to the pair member it hosts (the witness hosts none).
