@@ -28,7 +28,7 @@ const (
 // Durations of a scenario's phases.
 const (
 	faultHold   = 15 * time.Second // how long a fault lasts
-	settle      = 15 * time.Second // after the heal, before judging
+	settle      = 25 * time.Second // after the heal, before judging: a rejoined server forces elections up to ~15s after it
 	baselineFor = 3 * time.Second  // site-a alone serving, site-b up, this long before the fault
 	startWithin = 60 * time.Second // for the cluster to elect site-a
 	// placementWithin bounds the wait for assets.preferred_leader to hold.
