@@ -464,7 +464,7 @@ func (a *agentActor) onManifest(c *actor.Context, mm manifestMsg) {
 	}
 	var specErrs map[int]error
 	if err == nil {
-		err, specErrs = m.Check(a.reg, false)
+		specErrs, err = m.Check(a.reg, false)
 	}
 	if err != nil {
 		// A bad manifest in KV (written around apply's checks): keep what

@@ -72,7 +72,7 @@ func ParseManifestYAML(data []byte) (Manifest, error) {
 // a kind whose reconciler is resources.Named must not manage one thing
 // (two vm resources naming one libvirt domain).
 func (m Manifest) Validate(reg resources.Registry, strict bool) error {
-	shape, specs := m.Check(reg, strict)
+	specs, shape := m.Check(reg, strict)
 	if shape != nil {
 		return shape
 	}
@@ -89,37 +89,37 @@ func (m Manifest) Validate(reg resources.Registry, strict bool) error {
 // the spec errors of single resources by index, which an agent reports
 // on those resources while the rest converge. A kind's Validate that
 // panics gives a spec error.
-func (m Manifest) Check(reg resources.Registry, strict bool) (error, map[int]error) {
+func (m Manifest) Check(reg resources.Registry, strict bool) (specs map[int]error, shape error) {
 	if m.Agent == "" {
-		return &ManifestError{"agent", "required"}, nil
+		return nil, &ManifestError{"agent", "required"}
 	}
 	if rule := CheckID(m.Agent); rule != "" {
-		return &ManifestError{"agent", rule + " (got " + m.Agent + ")"}, nil
+		return nil, &ManifestError{"agent", rule + " (got " + m.Agent + ")"}
 	}
 	if len(m.Resources) > MaxResources {
-		return &ManifestError{"resources", fmt.Sprintf("at most %d (got %d)", MaxResources, len(m.Resources))}, nil
+		return nil, &ManifestError{"resources", fmt.Sprintf("at most %d (got %d)", MaxResources, len(m.Resources))}
 	}
-	specs := map[int]error{}
+	specs = map[int]error{}
 	seen := map[string]int{}
 	named := map[[2]string]int{} // kind, identity → index
 	for i, r := range m.Resources {
 		f := func(name string) string { return fmt.Sprintf("resources[%d].%s", i, name) }
 		switch {
 		case r.ID == "":
-			return &ManifestError{f("id"), "required"}, nil
+			return nil, &ManifestError{f("id"), "required"}
 		case CheckID(r.ID) != "":
-			return &ManifestError{f("id"), CheckID(r.ID) + " (got " + r.ID + ")"}, nil
+			return nil, &ManifestError{f("id"), CheckID(r.ID) + " (got " + r.ID + ")"}
 		case r.Kind == "":
-			return &ManifestError{f("kind"), "required"}, nil
+			return nil, &ManifestError{f("kind"), "required"}
 		}
 		if j, dup := seen[r.ID]; dup {
-			return &ManifestError{f("id"), fmt.Sprintf("%s is also resources[%d].id: ids must be unique", r.ID, j)}, nil
+			return nil, &ManifestError{f("id"), fmt.Sprintf("%s is also resources[%d].id: ids must be unique", r.ID, j)}
 		}
 		seen[r.ID] = i
 		rec, err := reg.Get(r.Kind)
 		if err != nil {
 			if strict {
-				return &ManifestError{f("kind"), fmt.Sprintf("unknown kind %s (known: %v)", r.Kind, reg.Kinds())}, nil
+				return nil, &ManifestError{f("kind"), fmt.Sprintf("unknown kind %s (known: %v)", r.Kind, reg.Kinds())}
 			}
 			continue
 		}
@@ -133,12 +133,12 @@ func (m Manifest) Check(reg resources.Registry, strict bool) (error, map[int]err
 				continue
 			}
 			if j, dup := named[key]; dup {
-				return &ManifestError{f("spec"), fmt.Sprintf("%s manages %s, as resources[%d] (%s) does: two resources cannot manage one thing; give one of them another name", r.ID, key[1], j, m.Resources[j].ID)}, nil
+				return nil, &ManifestError{f("spec"), fmt.Sprintf("%s manages %s, as resources[%d] (%s) does: two resources cannot manage one thing; give one of them another name", r.ID, key[1], j, m.Resources[j].ID)}
 			}
 			named[key] = i
 		}
 	}
-	return nil, specs
+	return specs, nil
 }
 
 // validateSpec is rec.Validate, with a panic turned into an error.

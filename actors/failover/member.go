@@ -141,7 +141,7 @@ type Member struct {
 	// rewatched: the watch was established afresh (Resynced); its first
 	// delivery of this member's heartbeat skips the ones written while it
 	// was re-established, and that gap is the watch's, not the store's.
-	rewatched bool
+	rewatched    bool
 	lastRev      uint64 // revision of this member's own last landed register write
 	beat         uint64
 	memberBeat   uint64
