@@ -97,9 +97,10 @@ type memberActor struct {
 	corruptRev uint64
 	acked      []ackedWrite
 	delivered  atomic.Uint64
-	feedMu     sync.Mutex  // one entry at a time to the member (watch and direct reads)
-	watched    bool        // a watch delivered its initial values (under feedMu)
-	bridging   atomic.Bool // the watch lags: read the pair's keys directly (bridge)
+	feedMu     sync.Mutex        // one entry at a time to the member (watch and direct reads)
+	fed        map[string]uint64 // the pair's keys: the latest revision of each handed over (under feedMu)
+	watched    bool              // a watch delivered its initial values (under feedMu)
+	bridging   atomic.Bool       // the watch lags: read the pair's keys directly (bridge)
 }
 
 // stop ends the member for good (its host may start a new one) and tells
@@ -461,15 +462,27 @@ func (a *memberActor) follow(w events.Watcher) {
 }
 
 // feed hands a KV entry to the member once: an entry at or below the
-// latest revision handed over (by the watch or a direct read) is skipped,
-// so the member sees revisions in order, each once.
+// latest revision of its key handed over (by the watch or a direct read)
+// is skipped, so the member sees each key's revisions in order, each once.
+// Per key: direct reads of several keys do not come in revision order.
 func (a *memberActor) feed(e events.Entry) {
 	a.feedMu.Lock()
 	defer a.feedMu.Unlock()
-	if e.Revision <= a.delivered.Load() {
+	if a.fed == nil {
+		// The pair's keys, and no other: a key under the pair's prefix
+		// that no member writes is nothing a member reads.
+		p, r := a.cfg.Rules.Pair, a.cfg.Rules
+		a.fed = map[string]uint64{failover.LeaderKey(p): 0, failover.ConfigKey(p): 0, failover.SwitchoverKey(p): 0,
+			failover.HeartbeatKey(p, r.Primary): 0, failover.HeartbeatKey(p, r.Replica): 0}
+	}
+	last, ours := a.fed[e.Key]
+	if !ours || e.Revision <= last {
 		return
 	}
-	a.delivered.Store(e.Revision)
+	a.fed[e.Key] = e.Revision
+	if e.Revision > a.delivered.Load() {
+		a.delivered.Store(e.Revision)
+	}
 	if in := a.input(e); in != nil {
 		a.engine.Send(a.pid, memberInput{in})
 	}
