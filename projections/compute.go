@@ -757,6 +757,19 @@ func (c *computation) finishTenure(s *siteRun, t *tenure) {
 	default:
 		t.UpBasis = "open"
 	}
+	// A release of the term in the register (leader = none, written after
+	// the demote chain completed) shows it had stopped by then, however
+	// late its stop events landed.
+	if rel := c.releaseWrite(t.Term, t.From); !rel.IsZero() {
+		if t.To != nil && t.To.After(rel) {
+			t.To = ptr(rel)
+			t.EndBasis += "; by the release register write"
+		}
+		if t.UpUntil != nil && t.UpUntil.After(rel) {
+			t.UpUntil = ptr(rel)
+			t.UpBasis += "; by the release register write"
+		}
+	}
 	if t.To != nil && t.UpUntil != nil && t.UpUntil.Before(*t.To) {
 		t.UpUntil = ptr(*t.To)
 	}
@@ -831,6 +844,18 @@ type siteTerm struct {
 // fenced write that only lands after from may be older: an interval's
 // start is dated by an event whose wait the node measured, and a jump of
 // its clock makes that wait look longer.)
+// releaseWrite is the server time of the first release of term (a
+// register write naming no holder, in that term) after from, or zero.
+func (c *computation) releaseWrite(term uint64, from time.Time) time.Time {
+	f := from.UnixNano()
+	for _, w := range c.reg {
+		if w.v.site < 0 && w.v.term == term && w.t > f {
+			return time.Unix(0, w.t).UTC()
+		}
+	}
+	return time.Time{}
+}
+
 func (c *computation) firstFencedWrite(site string, term uint64, from time.Time) time.Time {
 	if c.fenced == nil {
 		c.fenced = map[siteTerm][]int64{}

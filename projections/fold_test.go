@@ -496,3 +496,39 @@ func TestWindow(t *testing.T) {
 		t.Errorf("subjects starting inside the record not reported")
 	}
 }
+
+// A failback whose stop events land late (an append slow after a heal):
+// the register's release of the term, written after the demote chain
+// completed, shows the old holder had stopped by then. No split brain,
+// although the new holder's serving_started landed before the old one's
+// demotion_requested (seen in the real partition suite).
+func TestLateStopEventsBoundedByTheRelease(t *testing.T) {
+	h, _ := powerCut(t)
+	h.at(21 * time.Second)
+	h.start("site-a")
+	h.at(22*time.Second).hb("site-a", 1)
+	h.at(23*time.Second).hb("site-a", 2)
+	rel := h.at(23100 * time.Millisecond).leader(failover.Leader{Term: 2, Handoff: "site-a"})
+	h.at(23105*time.Millisecond).event("site-a", &failover.AcquireAttempted{Reason: failover.AcquireHandoff, Term: 3, ExpectRev: rel})
+	rev := h.leader(failover.Leader{Site: "site-a", Term: 3})
+	h.event("site-a", &failover.Promoted{Seq: 2, Term: 3, Rev: rev, Reason: failover.AcquireHandoff})
+	h.at(23110*time.Millisecond).event("site-a", &failover.ServingStarted{Seq: 2, Term: 3})
+	// site-b's stop events land 250ms late.
+	h.at(23350*time.Millisecond).event("site-b", &failover.DemotionRequested{Seq: 3, Reason: failover.DemoteFailback, Handoff: "site-a"})
+	h.chain("site-b", procedure.ChainDemote, 3, false)
+	h.event("site-b", &failover.Demoted{Seq: 3})
+	h.event("site-b", &failover.Released{Term: 2, Rev: rel, Handoff: "site-a"})
+	h.at(24 * time.Second).leader(failover.Leader{Site: "site-a", Term: 3, Beat: 1})
+
+	r := foldAll(t, "pg-main", h.recs)
+	if len(r.SplitBrain) != 0 {
+		t.Fatalf("split brain reported: %+v", r.SplitBrain)
+	}
+	for _, ten := range r.Leadership {
+		if ten.Site == "site-b" && ten.Term == 2 {
+			if ten.To == nil || !ten.To.Equal(at(23100*time.Millisecond)) || !strings.Contains(ten.EndBasis, "by the release register write") {
+				t.Errorf("site-b's tenure ends %v (%s), want at the release, 23.1s", ten.To, ten.EndBasis)
+			}
+		}
+	}
+}
