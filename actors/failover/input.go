@@ -33,7 +33,7 @@ type WriteErr int
 
 const (
 	WriteOK          WriteErr = iota + 1
-	WriteConflict             // CAS lost: the revision had moved (NATS 10071/10164), or Create on an existing key
+	WriteConflict             // CAS lost: the revision had moved (NATS 10071), or Create on an existing key
 	WriteUnavailable          // NATS unreachable, or any other error: the write did not land as far as we know
 )
 
