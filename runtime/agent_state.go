@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"understudy/actors/agent"
+	"understudy/actors/resources"
 	"understudy/events"
 )
 
@@ -158,7 +159,7 @@ func (j *agentJournal) save() {
 	}
 	b, err := agent.EncodeJournal(jr)
 	if err == nil {
-		err = writeFileSynced(j.path, b)
+		err = resources.WriteState(j.path, b)
 	}
 	if err != nil {
 		if !j.failing {
@@ -168,27 +169,6 @@ func (j *agentJournal) save() {
 		return
 	}
 	j.failing = false
-}
-
-// writeFileSynced replaces path whole: a temporary file, synced, renamed.
-func writeFileSynced(path string, b []byte) error {
-	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".understudy-tmp")
-	fh, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := fh.Write(b); err != nil {
-		fh.Close()
-		return err
-	}
-	if err := fh.Sync(); err != nil {
-		fh.Close()
-		return err
-	}
-	if err := fh.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }
 
 // resourceTrail is one resource's audit trail (ev.agent.<agent>.<id>):

@@ -455,7 +455,7 @@ func (f *File) record(id, path string) {
 		return
 	}
 	b, _ := json.Marshal(fileRecord{Agent: f.Agent, ID: id, Path: path})
-	_ = writeState(f.recordPath(id), b)
+	_ = WriteState(f.recordPath(id), b)
 }
 
 func (f *File) forget(id string) {

@@ -231,7 +231,7 @@ func (p *Process) record(id string, pr *proc) error {
 		return nil
 	}
 	b, _ := json.Marshal(processRecord{PID: pr.pid, Start: pr.start, Boot: bootID(), Key: pr.key, Inits: pr.inits, Detach: pr.detach})
-	return writeState(p.recordPath(id), b)
+	return WriteState(p.recordPath(id), b)
 }
 
 func (p *Process) forget(id string) {

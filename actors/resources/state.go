@@ -9,11 +9,11 @@ import (
 // randReader names the temporary files the kinds write.
 var randReader = rand.Reader
 
-// writeState replaces a record of the agent's state directory whole
+// WriteState replaces a record of the agent's state directory whole
 // (mode 0600, its directory 0700): a temporary file, synced, renamed.
 // A crash leaves the old record or the new one, and at worst a
 // ".understudy-*" file that the next write of the record replaces.
-func writeState(path string, b []byte) error {
+func WriteState(path string, b []byte) error {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
