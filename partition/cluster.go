@@ -38,9 +38,11 @@ const (
 	// LandingHolderBound is the bound when the primary's register writes
 	// may still land while it hears nothing back (one-way cuts, delay and
 	// loss): it fences within (failure_threshold + 1) heartbeats and
-	// fence_grace, and a holder whose writes land is taken over once it
-	// has stayed fenced for failover_timeout (docs/failover.md).
-	LandingHolderBound = (FailureThreshold+1)*HeartbeatTimeout + FenceGrace + FailoverTimeout + 2*HeartbeatTimeout
+	// fence_grace, says so in its next register write (one heartbeat
+	// later), and a holder whose writes land is taken over once it has
+	// stayed fenced for failover_timeout (docs/failover.md); 2 heartbeats
+	// for the takeover's CAS, as in AvailabilityBound.
+	LandingHolderBound = (FailureThreshold+1)*HeartbeatTimeout + FenceGrace + HeartbeatTimeout + FailoverTimeout + 2*HeartbeatTimeout
 )
 
 // nodeSite maps a lab site to the pair member it hosts (the witness hosts none).

@@ -764,7 +764,7 @@ func (r *scenarioRun) judge(ctx context.Context) {
 	res.PromotesAfter, res.FencesAfter = Count(evs, KindPromote, f), Count(evs, KindFence, f)
 	bound, boundName := AvailabilityBound, "failover_timeout + 2 × heartbeat_timeout"
 	if r.sc.bound != 0 {
-		bound, boundName = r.sc.bound, "(failure_threshold + 1) × heartbeat_timeout + fence_grace + failover_timeout + 2 × heartbeat_timeout"
+		bound, boundName = r.sc.bound, "(failure_threshold + 1) × heartbeat_timeout + fence_grace + heartbeat_timeout + failover_timeout + 2 × heartbeat_timeout"
 	}
 	if r.sc.replicaMust {
 		if res.FailoverMS == nil {
