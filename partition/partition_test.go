@@ -72,7 +72,11 @@ var scenarios = []scenario{
 		fault: func(ctx context.Context, r *scenarioRun) error {
 			return r.hold(ctx, faultHold, rule("a", "OUTPUT", "-o"))
 		}},
-	{name: "delay-loss-primary", what: "site a's link: 400 ms delay and 30 % loss each way, 20 s", needsImpair: true, primaryLost: true, bound: LandingHolderBound,
+	// Delay and loss: the primary's writes land at random, its unfencing
+	// announcements among them; how long the replica waits depends on
+	// which land (docs/failover.md). The figures are recorded; the bound
+	// the issue of availability sets is for a cut-off site.
+	{name: "delay-loss-primary", what: "site a's link: 400 ms delay and 30 % loss each way, 20 s", needsImpair: true,
 		fault: func(ctx context.Context, r *scenarioRun) error {
 			r.markFault()
 			im, err := r.c.Lab.Impair(ctx, "a", 400*time.Millisecond, 0.3, r.caps.netem, uint64(time.Now().UnixNano()))
