@@ -1,8 +1,6 @@
 package agent
 
 import (
-	"fmt"
-
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -24,17 +22,10 @@ var JournalLimits = WireLimits{Bytes: 4 << 20, Depth: 32, Values: 1 << 18}
 func EncodeJournal(j Journal) ([]byte, error) { return msgpack.Marshal(j) }
 
 // DecodeJournal decodes a journal within JournalLimits; it never panics.
-func DecodeJournal(b []byte) (j Journal, err error) {
-	if err := CheckWire(b, JournalLimits); err != nil {
-		return Journal{}, fmt.Errorf("agent journal: %w", err)
-	}
-	defer func() {
-		if p := recover(); p != nil {
-			j, err = Journal{}, fmt.Errorf("agent journal: msgpack decoder panic: %v", p)
-		}
-	}()
-	if err := msgpack.Unmarshal(b, &j); err != nil {
-		return Journal{}, fmt.Errorf("agent journal: %w", err)
+func DecodeJournal(b []byte) (Journal, error) {
+	j, err := decodeBounded[Journal](b, JournalLimits, "agent journal")
+	if err != nil {
+		return Journal{}, err
 	}
 	for _, rs := range [][]Resource{j.Resources, j.Replaced} {
 		for i := range rs {

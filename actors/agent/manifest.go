@@ -169,17 +169,10 @@ func EncodeManifest(m Manifest) ([]byte, error) {
 // against ManifestLimits before msgpack sees it (CheckWire), and a value
 // that still does not decode gives an error, never a panic. It does not
 // keep b.
-func DecodeManifest(b []byte) (m Manifest, err error) {
-	if err := CheckWire(b, ManifestLimits); err != nil {
-		return Manifest{}, fmt.Errorf("manifest: %w", err)
-	}
-	defer func() {
-		if p := recover(); p != nil {
-			m, err = Manifest{}, fmt.Errorf("manifest: msgpack decoder panic: %v", p)
-		}
-	}()
-	if err := msgpack.Unmarshal(b, &m); err != nil {
-		return Manifest{}, fmt.Errorf("manifest: %w", err)
+func DecodeManifest(b []byte) (Manifest, error) {
+	m, err := decodeBounded[Manifest](b, ManifestLimits, "manifest")
+	if err != nil {
+		return Manifest{}, err
 	}
 	for i := range m.Resources {
 		m.Resources[i].Spec = normalize(m.Resources[i].Spec)

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"fmt"
 	"slices"
 	"time"
 
@@ -102,19 +101,8 @@ func EncodeStatus(s Status) ([]byte, error) { return msgpack.Marshal(s) }
 
 // DecodeStatus decodes a stored status.
 // b is untrusted: it is checked against StatusLimits first (CheckWire).
-func DecodeStatus(b []byte) (s Status, err error) {
-	if err := CheckWire(b, StatusLimits); err != nil {
-		return Status{}, fmt.Errorf("agent status: %w", err)
-	}
-	defer func() {
-		if p := recover(); p != nil {
-			s, err = Status{}, fmt.Errorf("agent status: msgpack decoder panic: %v", p)
-		}
-	}()
-	if err := msgpack.Unmarshal(b, &s); err != nil {
-		return Status{}, fmt.Errorf("agent status: %w", err)
-	}
-	return s, nil
+func DecodeStatus(b []byte) (Status, error) {
+	return decodeBounded[Status](b, StatusLimits, "agent status")
 }
 
 // Backoff is the wait before retry number failures (1: the first retry):

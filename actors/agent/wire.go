@@ -4,7 +4,28 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/vmihailenco/msgpack/v5"
 )
+
+// decodeBounded decodes an untrusted msgpack value into a T: it is checked
+// against lim first (CheckWire), and a decoder panic is an error. what
+// names the value in errors.
+func decodeBounded[T any](b []byte, lim WireLimits, what string) (v T, err error) {
+	var zero T
+	if err := CheckWire(b, lim); err != nil {
+		return zero, fmt.Errorf("%s: %w", what, err)
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			v, err = zero, fmt.Errorf("%s: msgpack decoder panic: %v", what, p)
+		}
+	}()
+	if err := msgpack.Unmarshal(b, &v); err != nil {
+		return zero, fmt.Errorf("%s: %w", what, err)
+	}
+	return v, nil
+}
 
 // WireLimits bound a msgpack value read from the fleet bucket before it is
 // decoded: anything in NATS is untrusted, and msgpack decodes nesting by
