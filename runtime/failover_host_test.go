@@ -849,6 +849,19 @@ func TestGarbageRegisterIsReplacedWithoutLoop(t *testing.T) {
 	}
 }
 
+// memberOnKV runs site's member of rules on kv (a wrapped bucket) and the
+// event stream of fn, on an engine of its own stopped by the cleanup.
+func memberOnKV(t *testing.T, fn *failoverNATS, kv events.KV, r failover.Rules, site string, tr *transitions, log *slog.Logger) {
+	t.Helper()
+	engine, err := actor.NewEngine(actor.NewEngineConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	deps := MemberDeps{Log: fn.evlog, KV: kv, Drivers: procedure.Drivers{"exec": &stepRecorder{}}, Logger: log, Observe: tr.observe}
+	pid := engine.Spawn(NewMemberActor(MemberConfig{Rules: r, Site: site, Procedures: recordedProcedures()}, deps), "member", actor.WithID(site))
+	t.Cleanup(func() { <-engine.Poison(pid).Done() })
+}
+
 // stallingKV's first watch delivers the initial values and the end marker,
 // then nothing more while staying open: a stuck ordered consumer.
 type stallingKV struct {
@@ -903,13 +916,7 @@ func TestLaggingWatchIsReplaced(t *testing.T) {
 	log, rec := newLogRecorder(t)
 	tr := newTransitions()
 	kv := &stallingKV{KV: fn.kv}
-	engine, err := actor.NewEngine(actor.NewEngineConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	deps := MemberDeps{Log: fn.evlog, KV: kv, Drivers: procedure.Drivers{"exec": &stepRecorder{}}, Logger: log, Observe: tr.observe}
-	pid := engine.Spawn(NewMemberActor(MemberConfig{Rules: r, Site: r.Primary, Procedures: recordedProcedures()}, deps), "member", actor.WithID("stuck"))
-	t.Cleanup(func() { <-engine.Poison(pid).Done() })
+	memberOnKV(t, fn, kv, r, r.Primary, tr, log)
 	tr.waitFor(t, r.Primary, "failover.serving_started", 1, 5*time.Second)
 	lines := rec.waitFor(t, "kv watch lags behind acknowledged writes; watching afresh, and reading the pair's keys directly meanwhile", 1, 10*r.HeartbeatTimeout)
 	kv.mu.Lock()
@@ -991,13 +998,7 @@ func TestStalledWatchesDoNotDelayFailover(t *testing.T) {
 
 	log, rec := newLogRecorder(t)
 	kv := &stallingKV{KV: fn.kv, all: true}
-	engine, err := actor.NewEngine(actor.NewEngineConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	deps := MemberDeps{Log: fn.evlog, KV: kv, Drivers: procedure.Drivers{"exec": &stepRecorder{}}, Logger: log, Observe: tr.observe}
-	pid := engine.Spawn(NewMemberActor(MemberConfig{Rules: r, Site: r.Replica, Procedures: recordedProcedures()}, deps), "member", actor.WithID("replica"))
-	t.Cleanup(func() { <-engine.Poison(pid).Done() })
+	memberOnKV(t, fn, kv, r, r.Replica, tr, log)
 	rec.waitFor(t, "kv watch lags behind acknowledged writes; watching afresh, and reading the pair's keys directly meanwhile", 1, 20*r.HeartbeatTimeout)
 
 	primary.host.Stop(context.Background()) // the primary's process dies
