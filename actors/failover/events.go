@@ -3,6 +3,7 @@ package failover
 import (
 	"time"
 
+	"understudy/actors/capability"
 	"understudy/events"
 )
 
@@ -347,6 +348,59 @@ type MemberStopped struct {
 
 func (*MemberStopped) EventType() string { return "failover.member_stopped" }
 
+// RejoinRequested: a follower asks its workload to follow Leader (the
+// holder of term Term): a standby streaming from it, rewound or re-cloned
+// when its history diverged.
+type RejoinRequested struct {
+	Seq    uint64 `msgpack:"seq"`
+	Leader string `msgpack:"leader"`
+	Term   uint64 `msgpack:"term"`
+}
+
+// Rejoined: the workload follows Leader.
+type Rejoined struct {
+	Seq    uint64 `msgpack:"seq"`
+	Leader string `msgpack:"leader"`
+	Term   uint64 `msgpack:"term"`
+}
+
+// RejoinFailed: the rejoin did not complete; it is retried after RetryIn.
+type RejoinFailed struct {
+	Seq     uint64        `msgpack:"seq"`
+	Detail  string        `msgpack:"detail"`
+	RetryIn time.Duration `msgpack:"retry_in"`
+}
+
+// PromotionWithheld: the leader is stale, but this member does not take
+// over, and says why with the numbers: its lag at the last contact is over
+// maximum_lag_on_failover, its position is unknown, or (synchronous: on or
+// strict) the register says the leader ran asynchronously. Recorded once
+// per register revision; the member takes over as soon as the reason goes.
+type PromotionWithheld struct {
+	LeaderRev   uint64         `msgpack:"rev"`
+	Reason      string         `msgpack:"reason"`
+	LeaderFlush capability.LSN `msgpack:"leader_flush,omitempty"`
+	Receive     capability.LSN `msgpack:"receive,omitempty"`
+	Lag         uint64         `msgpack:"lag,omitempty"`
+	Limit       uint64         `msgpack:"limit"`
+	Synchronous Synchronous    `msgpack:"sync"`
+}
+
+// ReplicationModeChanged: a register write saying whether the leader's
+// commits wait for the other member (Synchronous) landed at Rev. It is
+// written once the workload enforces it, and before it stops doing so.
+type ReplicationModeChanged struct {
+	Term        uint64 `msgpack:"term"`
+	Rev         uint64 `msgpack:"rev"`
+	Synchronous bool   `msgpack:"sync"`
+}
+
+func (*RejoinRequested) EventType() string        { return "failover.rejoin_requested" }
+func (*Rejoined) EventType() string               { return "failover.rejoined" }
+func (*RejoinFailed) EventType() string           { return "failover.rejoin_failed" }
+func (*PromotionWithheld) EventType() string      { return "failover.promotion_withheld" }
+func (*ReplicationModeChanged) EventType() string { return "failover.replication_mode_changed" }
+
 func (*Started) EventType() string            { return "failover.started" }
 func (*FenceRequested) EventType() string     { return "failover.fence_requested" }
 func (*Fenced) EventType() string             { return "failover.fenced" }
@@ -382,6 +436,7 @@ func RegisterEvents(reg *events.Registry) error {
 		&LeadershipLost{}, &DemotionRequested{}, &Demoted{}, &DemoteFailed{}, &Released{},
 		&ConfigApplied{}, &ConfigRejected{}, &SwitchoverAccepted{}, &SwitchoverRejected{},
 		&CheckFailed{}, &CheckRecovered{}, &MemberStopped{},
+		&RejoinRequested{}, &Rejoined{}, &RejoinFailed{}, &PromotionWithheld{}, &ReplicationModeChanged{},
 	} {
 		if err := reg.Register(ev, 1); err != nil {
 			return err

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"time"
 
+	"understudy/actors/capability"
 	"understudy/events"
 )
 
@@ -119,7 +120,9 @@ const (
 	ProcFence ProcKind = iota + 1
 	ProcPromote
 	ProcDemote
-	ProcCheck // a read-only health probe of the serving resource
+	ProcCheck  // a read-only health probe of the workload
+	ProcRejoin // make a follower's workload follow the leader
+	ProcSync   // make the leader's commits wait for the other member, or stop waiting
 )
 
 func (k ProcKind) String() string {
@@ -132,6 +135,10 @@ func (k ProcKind) String() string {
 		return "demote"
 	case ProcCheck:
 		return "check"
+	case ProcRejoin:
+		return "rejoin"
+	case ProcSync:
+		return "sync"
 	}
 	return "unset"
 }
@@ -142,6 +149,9 @@ type ProcedureResult struct {
 	Seq    uint64
 	OK     bool
 	Detail string
+	// Status is what a check found (nil when the workload reports nothing,
+	// or for other kinds).
+	Status *capability.Status
 }
 
 func (Tick) isInput()               {}

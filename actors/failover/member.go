@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"understudy/actors"
+	"understudy/actors/capability"
 	"understudy/events"
 )
 
@@ -49,11 +50,22 @@ type Write struct {
 	Beat     Heartbeat // decoded Value of member heartbeats
 }
 
-// Procedure asks the host to run the member's resource procedure chain
-// and answer with a ProcedureResult carrying Kind and Seq.
+// Procedure asks the host to run one of the workload's procedures (see
+// capability.Workload) and answer with a ProcedureResult carrying Kind and
+// Seq. The other fields are its context: why, and what the member knows
+// of the pair at that moment.
 type Procedure struct {
-	Kind ProcKind
-	Seq  uint64
+	Kind   ProcKind
+	Seq    uint64
+	Term   uint64
+	Leader string // the register's holder as last seen ("" none); a rejoin follows it
+	Reason string
+	// Synchronous: promote and sync: the leader's commits must wait for
+	// the other member.
+	Synchronous bool
+	// Bootstrap: promote of the preferred primary taking a register nobody
+	// ever held: the workload may be created from nothing.
+	Bootstrap bool
 }
 
 // Ready is what one Step hands back: durable events to append (in order;
@@ -86,6 +98,20 @@ type Options struct {
 	// is ready. Zero disables checks.
 	CheckInterval time.Duration
 	CheckFailures int
+	// Rejoin: the workload follows the leader (capability.Rejoiner, as a
+	// database standby does). A follower then asks it to rejoin every new
+	// leader, checks it every heartbeat_timeout (so does a leader, when
+	// CheckInterval is zero), and says it is ready only once it follows
+	// the leader and its latest check passed.
+	Rejoin bool
+	// Positions: the workload reports replication positions: a follower's
+	// promotion obeys maximum_lag_on_failover and synchronous, and it is
+	// ready only within the lag limit.
+	Positions bool
+	// Synchronizer: the workload can make commits wait for the other
+	// member (capability.Synchronizer); rules with synchronous on or
+	// strict are refused without it.
+	Synchronizer bool
 }
 
 type pendingWrite struct {
@@ -181,6 +207,25 @@ type Member struct {
 		planned bool // taking over a switchover's handoff
 	}
 
+	// The workload, with Options.Rejoin and Positions.
+	rejoinTo    string        // the leader the workload follows (Rejoined), "" none
+	rejoinTerm  uint64        // and its term
+	rejoinFor   string        // the leader of the rejoin in flight ("" none)
+	rejoinAt    time.Duration // no rejoin before this local time (after a failure)
+	rejoinBack  time.Duration // the current wait after a failed rejoin
+	status      capability.Status
+	statusKnown bool // a check reported status since the start
+	statusOK    bool // and the latest check passed
+	statusFails int  // consecutive failed checks of a follower
+	withheldRev uint64
+	// Synchronous replication, for a leader: syncReg is what its register
+	// writes say; syncLanded what the latest landed one said; syncWait: a
+	// sync procedure runs.
+	syncReg    bool
+	syncLanded bool
+	syncSeq    uint64
+	syncWait   bool
+
 	out Ready
 }
 
@@ -202,6 +247,9 @@ func checkRules(r Rules, opts Options) error {
 	}
 	if err := r.Validate(); err != nil {
 		return err
+	}
+	if (r.Synchronous == SyncOn || r.Synchronous == SyncStrict) && (!opts.Synchronizer || !opts.Positions) {
+		return &actors.ConfigError{Field: "synchronous", Rule: "must be off: this member's workload cannot make commits wait for the other member (only a workload that replicates, such as postgres, can)", Value: r.Synchronous.String()}
 	}
 	return r.CheckFenceBudget(opts.FenceBudget)
 }
@@ -389,6 +437,8 @@ func (m *Member) Apply(ev events.Event) {
 		m.checkHold = m.checkHold || e.HandOver
 	case *CheckRecovered:
 		m.checkHold = false
+	case *RejoinRequested:
+		m.procSeq, m.procKind = e.Seq, ProcRejoin
 	}
 }
 
@@ -406,7 +456,7 @@ func (m *Member) fence(reason FenceReason, then AfterFence) {
 	m.procSeq++
 	m.fenceFailed = false
 	m.emit(&FenceRequested{Seq: m.procSeq, Reason: reason, Term: m.term, Then: then})
-	m.out.Procedures = append(m.out.Procedures, Procedure{Kind: ProcFence, Seq: m.procSeq})
+	m.out.Procedures = append(m.out.Procedures, m.procedure(ProcFence, m.procSeq, reason.String()))
 }
 
 func (m *Member) tick() {
@@ -438,6 +488,9 @@ func (m *Member) tick() {
 		if m.phase == PhaseFollower {
 			m.maybeAcquire()
 		}
+		if m.phase == PhaseFollower && m.inflight == nil {
+			m.maybeRejoin()
+		}
 	case PhaseLeader:
 		m.maybeFailback()
 	}
@@ -464,7 +517,10 @@ func (m *Member) writeRegister() {
 		// announces that it is about to serve: this write is unfenced, and
 		// it serves only once this write has landed (see onBeatSuccess).
 		fenced := m.phase == PhaseSuspended && m.successes < m.rules.SuccessThreshold
-		l := Leader{Site: m.site, Term: m.term, Beat: m.beat + 1, Fenced: fenced}
+		l := Leader{Site: m.site, Term: m.term, Beat: m.beat + 1, Fenced: fenced, Sync: m.syncReg}
+		if m.opts.Positions && m.statusKnown && m.status.Role == capability.RolePrimary {
+			l.Flush, l.Timeline = m.status.Flush, m.status.Timeline
+		}
 		w = Write{Kind: WriteBeat, Key: LeaderKey(m.rules.Pair), Leader: l, ExpectRev: m.lastRev}
 		m.beat++
 	}
@@ -476,8 +532,15 @@ func (m *Member) writeRegister() {
 
 func (m *Member) writeMemberBeat() {
 	m.memberBeat++
-	ready := m.phase == PhaseFollower && m.memberOK >= m.rules.SuccessThreshold && !m.checkHold && m.watchCaughtUp()
+	ready := m.phase == PhaseFollower && m.memberOK >= m.rules.SuccessThreshold && !m.checkHold && m.watchCaughtUp() && m.workloadReady()
 	hb := Heartbeat{Site: m.site, Beat: m.memberBeat, Phase: m.phase, Ready: ready, RulesRev: m.appliedRev, RejectedRev: m.rejectedRev}
+	if m.statusKnown && (m.opts.Positions || m.opts.Rejoin) {
+		st := m.status
+		hb.Role, hb.Timeline, hb.Receive, hb.Replay, hb.Streaming = st.Role, st.Timeline, st.Receive, st.Replay, st.Streaming
+	}
+	if m.follows() {
+		hb.Rejoined = m.rejoinTo
+	}
 	w := Write{Op: m.nextOp(), Kind: WriteMemberBeat, Key: HeartbeatKey(m.rules.Pair, m.site), Put: true,
 		Beat: hb, Value: EncodeHeartbeat(hb), Deadline: m.now + m.rules.HeartbeatTimeout}
 	m.memberOp, m.memberDue = w.Op, w.Deadline
@@ -554,7 +617,7 @@ func (m *Member) maybeAcquire() {
 		serverStale = resumed
 	}
 	if m.ownBeatRev > m.leader.Rev && serverStale > fo && localStale > fo {
-		m.acquire(AcquireStale, m.leader.Rev, serverStale)
+		m.acquireStale(serverStale)
 		return
 	}
 	if localStale > fo && m.probedFor != m.leader.Rev && m.memberOp == 0 {
@@ -571,7 +634,7 @@ func (m *Member) maybeAcquire() {
 	if v.Fenced && !m.fencedSince.IsZero() {
 		fencedFor := m.ownBeatTime.Sub(m.fencedSince)
 		if fencedFor > fo && m.now-m.fencedSeenAt > fo {
-			m.acquire(AcquireStale, m.leader.Rev, fencedFor)
+			m.acquireStale(fencedFor)
 		}
 	}
 }
@@ -580,6 +643,7 @@ func (m *Member) maybeResume() {
 	if m.leaderKnown && m.leader.Value.Site == m.site && m.leader.Value.Term > m.lostTerm {
 		m.emit(&Resumed{Term: m.leader.Value.Term, Rev: m.leader.Rev})
 		m.lastRev, m.beat = m.leader.Rev, m.leader.Value.Beat
+		m.syncReg, m.syncLanded = m.leader.Value.Sync, m.leader.Value.Sync
 		m.failures, m.successes = 0, 0
 		m.nextBeatAt = m.now
 		if m.inflight == nil {
@@ -606,7 +670,7 @@ func (m *Member) maybeFailback() {
 func (m *Member) demote(reason DemoteReason, to string) {
 	m.procSeq++
 	m.emit(&DemotionRequested{Seq: m.procSeq, Reason: reason, Handoff: to})
-	m.out.Procedures = append(m.out.Procedures, Procedure{Kind: ProcDemote, Seq: m.procSeq})
+	m.out.Procedures = append(m.out.Procedures, m.procedure(ProcDemote, m.procSeq, reason.String()))
 }
 
 func (m *Member) onWriteResult(r WriteResult) {
@@ -658,6 +722,7 @@ func (m *Member) onLeaderWriteAnswered(w pendingWrite, r WriteResult) {
 		case WriteOK:
 			m.lastRev = max(m.lastRev, r.Revision)
 			m.onBeatSuccess(w.leader.Fenced)
+			m.onSyncLanded(w.leader, r.Revision)
 		case WriteConflict:
 			if r.Current != nil && m.mine(r.Current.Value) {
 				if r.Current.Rev <= w.expect {
@@ -689,7 +754,11 @@ func (m *Member) onLeaderWriteAnswered(w pendingWrite, r WriteResult) {
 			m.failures, m.successes = 0, 0
 			m.procSeq++
 			m.emit(&Promoted{Seq: m.procSeq, Term: w.leader.Term, Rev: r.Revision, Reason: m.acq.reason, Planned: m.acq.planned})
-			m.out.Procedures = append(m.out.Procedures, Procedure{Kind: ProcPromote, Seq: m.procSeq})
+			m.rejoinTo, m.rejoinFor = "", ""
+			m.syncReg, m.syncLanded = false, false // the acquire write says asynchronous
+			p := m.procedure(ProcPromote, m.procSeq, m.acq.reason.String())
+			p.Bootstrap = m.acq.reason == AcquireBootstrap && m.site == m.rules.Primary
+			m.out.Procedures = append(m.out.Procedures, p)
 			m.nextBeatAt = m.now + m.rules.HeartbeatTimeout
 		case WriteConflict:
 			ev := &PromotionRejected{Term: w.leader.Term, ExpectRev: w.expect}
@@ -751,6 +820,20 @@ func (m *Member) onLeaderWriteFailed(w pendingWrite, why string) {
 	}
 }
 
+// onSyncLanded records what a landed register write said about
+// synchronous replication, and lets the workload stop waiting once the
+// register says it no longer does.
+func (m *Member) onSyncLanded(l Leader, rev uint64) {
+	if !m.opts.Synchronizer || l.Sync == m.syncLanded {
+		return
+	}
+	m.syncLanded = l.Sync
+	m.emit(&ReplicationModeChanged{Term: m.term, Rev: rev, Synchronous: l.Sync})
+	if !l.Sync && m.statusKnown && m.status.SynchronousSet && !m.syncWait && m.phase == PhaseLeader {
+		m.requestSync(false)
+	}
+}
+
 func (m *Member) onBeatSuccess(fencedWrite bool) {
 	if m.failures > 0 {
 		m.emit(&HeartbeatRecovered{Term: m.term, AfterFailures: m.failures})
@@ -764,7 +847,8 @@ func (m *Member) onBeatSuccess(fencedWrite bool) {
 		m.successes = 0
 		m.procSeq++
 		m.emit(&Unfenced{Seq: m.procSeq, Term: m.term})
-		m.out.Procedures = append(m.out.Procedures, Procedure{Kind: ProcPromote, Seq: m.procSeq})
+		m.out.Procedures = append(m.out.Procedures, m.procedure(ProcPromote, m.procSeq, "unfenced"))
+		m.rejoinTo, m.rejoinFor = "", ""
 	}
 }
 
@@ -944,19 +1028,198 @@ func (m *Member) peerNotReady() string {
 	return ""
 }
 
+// checkInterval is how often the workload is checked: CheckInterval, or
+// every heartbeat_timeout for a workload that rejoins.
+func (m *Member) checkInterval() time.Duration {
+	if m.opts.CheckInterval > 0 || !m.opts.Rejoin {
+		return m.opts.CheckInterval
+	}
+	return m.rules.HeartbeatTimeout
+}
+
+// procedure builds a request with the member's context.
+func (m *Member) procedure(kind ProcKind, seq uint64, reason string) Procedure {
+	p := Procedure{Kind: kind, Seq: seq, Term: m.term, Reason: reason}
+	if m.leaderKnown && !m.leader.Corrupt {
+		p.Leader = m.leader.Value.Site
+	}
+	if kind == ProcPromote {
+		// A holder whose register says its commits wait keeps them waiting
+		// (it resumes after a suspension or a restart).
+		p.Leader = m.site
+		p.Synchronous = m.rules.Synchronous == SyncStrict || (m.rules.Synchronous == SyncOn && m.syncReg)
+	}
+	return p
+}
+
+// maybeRejoin asks the workload of a follower to follow the leader it
+// sees, once per leader and term, again after a failure (with a doubling
+// wait) and when its checks keep failing.
+func (m *Member) maybeRejoin() {
+	if !m.opts.Rejoin || m.phase != PhaseFollower || !m.synced || !m.leaderKnown || m.leader.Corrupt {
+		return
+	}
+	v := m.leader.Value
+	if v.Site == "" || v.Site == m.site {
+		return
+	}
+	if m.rejoinTo == v.Site && m.rejoinTerm == v.Term {
+		return
+	}
+	if m.rejoinFor != "" && m.procKind == ProcRejoin {
+		if m.rejoinFor == v.Site {
+			return // in flight
+		}
+	} else if m.now < m.rejoinAt {
+		return
+	}
+	m.procSeq++
+	m.rejoinFor = v.Site
+	m.emit(&RejoinRequested{Seq: m.procSeq, Leader: v.Site, Term: v.Term})
+	p := m.procedure(ProcRejoin, m.procSeq, "follow "+v.Site)
+	m.out.Procedures = append(m.out.Procedures, p)
+}
+
+func (m *Member) onRejoin(r ProcedureResult) {
+	leader := m.rejoinFor
+	m.rejoinFor = ""
+	if m.phase != PhaseFollower {
+		return
+	}
+	if !r.OK {
+		m.rejoinBack = min(max(2*m.rules.HeartbeatTimeout, 2*m.rejoinBack), max(m.rules.FailoverTimeout, 10*m.rules.HeartbeatTimeout))
+		m.rejoinAt = m.now + m.rejoinBack
+		m.emit(&RejoinFailed{Seq: r.Seq, Detail: r.Detail, RetryIn: m.rejoinBack})
+		return
+	}
+	m.rejoinBack, m.statusFails = 0, 0
+	term := uint64(0)
+	if m.leaderKnown && m.leader.Value.Site == leader {
+		term = m.leader.Value.Term
+	}
+	m.rejoinTo, m.rejoinTerm = leader, term
+	m.emit(&Rejoined{Seq: r.Seq, Leader: leader, Term: term})
+}
+
+// follows reports whether the workload follows the leader as this
+// follower sees it (always true without Options.Rejoin, or when the
+// register names nobody else).
+func (m *Member) follows() bool {
+	if !m.opts.Rejoin || !m.leaderKnown || m.leader.Corrupt {
+		return true
+	}
+	v := m.leader.Value
+	if v.Site == "" || v.Site == m.site {
+		return true
+	}
+	return m.rejoinTo == v.Site && m.rejoinTerm == v.Term
+}
+
+// workloadReady: the workload's side of a follower's readiness: it follows
+// the leader, its latest check passed, and its lag is within the limit.
+func (m *Member) workloadReady() bool {
+	if !m.opts.Rejoin && !m.opts.Positions {
+		return true
+	}
+	if !m.follows() || !m.statusKnown || !m.statusOK {
+		return false
+	}
+	if m.opts.Positions && m.leaderKnown && m.leader.Value.Site != "" && m.leader.Value.Site != m.site {
+		if lag := capability.Lag(m.leader.Value.Flush, m.status.Receive); lag > m.rules.MaxLagOnFailover {
+			return false
+		}
+	}
+	return true
+}
+
+// withheld says why this follower must not take over the stale leader
+// (the register as it saw it), or "" when it may. It applies only to a
+// workload that reports positions.
+func (m *Member) withheld() (string, uint64) {
+	if !m.opts.Positions {
+		return "", 0
+	}
+	v := m.leader.Value
+	switch m.rules.Synchronous {
+	case SyncOn, SyncStrict:
+		if v.Sync {
+			return "", 0
+		}
+		return "the register says the leader's commits did not wait for this member (synchronous: " + m.rules.Synchronous.String() +
+			"): a promotion could lose acknowledged commits, so it waits for the leader", 0
+	}
+	switch {
+	case !m.statusKnown || !m.status.Positions:
+		return "this member's replication position is unknown (no check has reported it since the start)", 0
+	case v.Flush == 0:
+		return "the leader never published its log position in the register", 0
+	case m.status.Receive == 0:
+		return "this member's workload has received no log from the leader", 0
+	}
+	lag := capability.Lag(v.Flush, m.status.Receive)
+	if lag > m.rules.MaxLagOnFailover {
+		return fmt.Sprintf("lag at the last contact is %d bytes (leader flushed %s, this member received %s), over maximum_lag_on_failover %d",
+			lag, v.Flush, m.status.Receive, m.rules.MaxLagOnFailover), lag
+	}
+	return "", lag
+}
+
+// acquireStale takes over a stale leader unless the lag rules withhold
+// it; a withheld promotion is recorded once per register revision.
+func (m *Member) acquireStale(stale time.Duration) {
+	if why, lag := m.withheld(); why != "" {
+		if m.withheldRev != m.leader.Rev {
+			m.withheldRev = m.leader.Rev
+			m.emit(&PromotionWithheld{LeaderRev: m.leader.Rev, Reason: why, LeaderFlush: m.leader.Value.Flush, Receive: m.status.Receive,
+				Lag: lag, Limit: m.rules.MaxLagOnFailover, Synchronous: m.rules.Synchronous})
+		}
+		return
+	}
+	m.acquire(AcquireStale, m.leader.Rev, stale)
+}
+
+// manageSync keeps a leader's synchronous replication as the rule wants
+// it, after each of its checks. Waiting starts in the workload before the
+// register says so; the register says it stopped before the workload stops.
+func (m *Member) manageSync() {
+	if !m.opts.Synchronizer || m.phase != PhaseLeader || !m.statusKnown || m.syncWait {
+		return
+	}
+	want := m.rules.Synchronous == SyncStrict || (m.rules.Synchronous == SyncOn && m.status.PeerStreaming)
+	set := m.status.SynchronousSet
+	switch {
+	case want && !set:
+		m.requestSync(true)
+	case want && set:
+		m.syncReg = true
+	case m.syncReg:
+		m.syncReg = false // the next register write says so; the workload stops waiting once it landed
+	case set && !m.syncLanded:
+		m.requestSync(false)
+	}
+}
+
+func (m *Member) requestSync(on bool) {
+	m.syncSeq++
+	m.syncWait = true
+	p := m.procedure(ProcSync, m.syncSeq, map[bool]string{true: "commits wait for the other member", false: "commits stop waiting"}[on])
+	p.Synchronous = on
+	m.out.Procedures = append(m.out.Procedures, p)
+}
+
 // maybeCheck runs the check chain of a serving leader every CheckInterval.
 //
 // A member that handed over for failed checks keeps checking as a
 // follower and says it is not ready (so no failback or switchover comes
 // back to it) until a check passes.
 func (m *Member) maybeCheck() {
-	active := m.phase == PhaseLeader || (m.phase == PhaseFollower && m.checkHold)
-	if m.opts.CheckInterval <= 0 || !active {
+	active := m.phase == PhaseLeader || (m.phase == PhaseFollower && (m.checkHold || m.opts.Rejoin))
+	if m.checkInterval() <= 0 || !active {
 		m.checkWait, m.checkFails, m.checkDue = false, 0, 0
 		return
 	}
 	if m.checkDue == 0 {
-		m.checkDue = m.now + m.opts.CheckInterval // first check one interval after serving
+		m.checkDue = m.now + m.checkInterval() // first check one interval after serving
 		return
 	}
 	if m.checkWait || m.now < m.checkDue {
@@ -964,7 +1227,9 @@ func (m *Member) maybeCheck() {
 	}
 	m.checkSeq++
 	m.checkWait = true
-	m.out.Procedures = append(m.out.Procedures, Procedure{Kind: ProcCheck, Seq: m.checkSeq})
+	p := m.procedure(ProcCheck, m.checkSeq, "check")
+	p.Synchronous = m.syncReg
+	m.out.Procedures = append(m.out.Procedures, p)
 }
 
 func (m *Member) onCheck(r ProcedureResult) {
@@ -972,7 +1237,20 @@ func (m *Member) onCheck(r ProcedureResult) {
 		return
 	}
 	m.checkWait = false
-	m.checkDue = m.now + m.opts.CheckInterval
+	m.checkDue = m.now + m.checkInterval()
+	if r.Status != nil {
+		m.status, m.statusKnown = *r.Status, true
+	}
+	m.statusOK = r.OK
+	if m.phase == PhaseFollower && m.opts.Rejoin {
+		m.statusFails = map[bool]int{true: 0, false: m.statusFails + 1}[r.OK]
+		if m.statusFails >= m.rules.FailureThreshold && m.rejoinTo != "" && m.rejoinFor == "" {
+			m.rejoinTo = "" // it no longer follows: rejoin again
+		}
+	}
+	if m.phase == PhaseLeader {
+		defer m.manageSync()
+	}
 	if m.phase == PhaseFollower && m.checkHold {
 		if r.OK {
 			m.emit(&CheckRecovered{Seq: r.Seq})
@@ -1008,8 +1286,14 @@ func (m *Member) onCheck(r ProcedureResult) {
 }
 
 func (m *Member) onProcedure(r ProcedureResult) {
-	if r.Kind == ProcCheck {
+	switch r.Kind {
+	case ProcCheck:
 		m.onCheck(r)
+		return
+	case ProcSync:
+		if r.Seq == m.syncSeq {
+			m.syncWait = false
+		}
 		return
 	}
 	if r.Seq != m.procSeq || r.Kind != m.procKind {
@@ -1042,6 +1326,8 @@ func (m *Member) onProcedure(r ProcedureResult) {
 		}
 		m.emit(&ServingStarted{Seq: r.Seq, Term: m.term})
 		m.prefCount, m.prefLast = 0, time.Time{}
+	case ProcRejoin:
+		m.onRejoin(r)
 	case ProcDemote:
 		if m.phase != PhaseDemoting {
 			return

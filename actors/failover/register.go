@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"understudy/actors/capability"
 	"understudy/events"
 )
 
@@ -37,6 +38,14 @@ type Leader struct {
 	// Planned, with Site "": an operator moved leadership (switchover), so
 	// the next holder keeps it even under failback: auto.
 	Planned bool `msgpack:"p,omitempty"`
+	// Flush is the holder's log position (its workload's latest Check) at
+	// this write; 0 when the workload reports none. Sync: the holder's
+	// workload makes every commit wait for the other member (rule
+	// synchronous), written only once that is in force and cleared before
+	// it stops being so.
+	Flush    capability.LSN `msgpack:"fl,omitempty"`
+	Timeline uint32         `msgpack:"tl,omitempty"`
+	Sync     bool           `msgpack:"sy,omitempty"`
 }
 
 func (l Leader) String() string {
@@ -67,6 +76,17 @@ type Heartbeat struct {
 	// latest revision it refused. Status shows both against the key.
 	RulesRev    uint64 `msgpack:"c,omitempty"`
 	RejectedRev uint64 `msgpack:"x,omitempty"`
+	// The member's workload as its latest Check found it (zero when the
+	// workload reports no positions): role, timeline, received and
+	// replayed log positions, whether it streams from the leader.
+	Role      capability.Role `msgpack:"ro,omitempty"`
+	Timeline  uint32          `msgpack:"tl,omitempty"`
+	Receive   capability.LSN  `msgpack:"rl,omitempty"`
+	Replay    capability.LSN  `msgpack:"pl,omitempty"`
+	Streaming bool            `msgpack:"sm,omitempty"`
+	// Rejoined names the leader site the workload follows after a Rejoin
+	// ("" when it follows nobody, or the workload does not rejoin).
+	Rejoined string `msgpack:"rj,omitempty"`
 }
 
 // Switchover is an operator's request to move leadership to To.
@@ -149,6 +169,9 @@ func DecodeRules(b []byte) (Rules, error) {
 	var r Rules
 	if err := decodeValue(b, &r); err != nil {
 		return Rules{}, fmt.Errorf("decode rules: %w", err)
+	}
+	if r.Synchronous == 0 {
+		r.Synchronous = SyncOff // written before the rule existed
 	}
 	return r, nil
 }

@@ -41,6 +41,53 @@ func ParseFailback(s string) (Failback, error) {
 	return 0, &actors.ConfigError{Field: "failback", Rule: `must be "auto" or "manual"`, Value: strconv.Quote(s)}
 }
 
+// Synchronous says whether the leader makes every commit wait for the
+// other member (a workload with capability.Synchronizer: PostgreSQL).
+type Synchronous int
+
+const (
+	// SyncOff: commits never wait; a replica promotes only when its lag at
+	// the last contact is within maximum_lag_on_failover.
+	SyncOff Synchronous = iota + 1
+	// SyncOn: commits wait for the replica while it streams. When it does
+	// not, the leader first records in the register (by CAS) that it runs
+	// asynchronously, then stops waiting. A replica promotes only when the
+	// register says the leader ran synchronously: no acknowledged commit is
+	// lost, and while the leader runs asynchronously nobody takes over.
+	SyncOn
+	// SyncStrict: commits always wait for the replica; writes stop while it
+	// is away. A replica may always promote (it has every acknowledged commit).
+	SyncStrict
+)
+
+func (s Synchronous) String() string {
+	switch s {
+	case SyncOff:
+		return "off"
+	case SyncOn:
+		return "on"
+	case SyncStrict:
+		return "strict"
+	}
+	return "unset"
+}
+
+// ParseSynchronous reads "off", "on" or "strict".
+func ParseSynchronous(s string) (Synchronous, error) {
+	switch s {
+	case "off":
+		return SyncOff, nil
+	case "on":
+		return SyncOn, nil
+	case "strict":
+		return SyncStrict, nil
+	}
+	return 0, &actors.ConfigError{Field: "synchronous", Rule: `must be "off", "on" or "strict"`, Value: strconv.Quote(s)}
+}
+
+// DefaultMaxLag is maximum_lag_on_failover's default: 1 MiB of log.
+const DefaultMaxLag = 1 << 20
+
 // Rules are a pair's failover rules, validated. The zero value is not valid:
 // use DefaultRules or Validate what you build.
 type Rules struct {
@@ -53,6 +100,10 @@ type Rules struct {
 	FailoverTimeout  time.Duration `msgpack:"fo"`
 	FenceGrace       time.Duration `msgpack:"fg"`
 	Failback         Failback      `msgpack:"fb"`
+	// MaxLagOnFailover (bytes of log) and Synchronous apply only to a
+	// workload that reports replication positions (capability.Status).
+	MaxLagOnFailover uint64      `msgpack:"lag"`
+	Synchronous      Synchronous `msgpack:"sync,omitempty"`
 }
 
 // DefaultRules returns DESIGN.md's defaults for a pair.
@@ -61,6 +112,7 @@ func DefaultRules(pair, primary, replica string) Rules {
 		Pair: pair, Primary: primary, Replica: replica,
 		HeartbeatTimeout: time.Second, FailureThreshold: 2, SuccessThreshold: 2,
 		FailoverTimeout: 5 * time.Second, FenceGrace: 2 * time.Second, Failback: FailbackAuto,
+		MaxLagOnFailover: DefaultMaxLag, Synchronous: SyncOff,
 	}
 }
 
@@ -69,6 +121,7 @@ func DefaultRules(pair, primary, replica string) Rules {
 const (
 	MaxThreshold = 10000
 	MaxDuration  = 24 * time.Hour
+	MaxLag       = 1 << 40
 )
 
 // MinFailoverTimeout is the smallest failover_timeout the safety inequality
@@ -197,6 +250,13 @@ func (r Rules) ValidateShape() error {
 	}
 	if r.Failback != FailbackAuto && r.Failback != FailbackManual {
 		return &actors.ConfigError{Field: "failback", Rule: `must be "auto" or "manual"`, Value: r.Failback.String()}
+	}
+	// Zero is off: rules written before the rule existed.
+	if r.Synchronous < 0 || r.Synchronous > SyncStrict {
+		return &actors.ConfigError{Field: "synchronous", Rule: `must be "off", "on" or "strict"`, Value: r.Synchronous.String()}
+	}
+	if r.MaxLagOnFailover > MaxLag {
+		return &actors.ConfigError{Field: "maximum_lag_on_failover", Rule: "must be at most " + strconv.FormatUint(MaxLag, 10) + " bytes (1 TiB)", Value: strconv.FormatUint(r.MaxLagOnFailover, 10)}
 	}
 	return nil
 }

@@ -202,6 +202,7 @@ func rulesFromReport(pair string, r *projections.Rules) failover.Rules {
 		Pair: pair, Primary: r.Primary, Replica: r.Replica,
 		HeartbeatTimeout: ms(r.HeartbeatTimeoutMS), FailureThreshold: r.FailureThreshold, SuccessThreshold: r.SuccessThreshold,
 		FailoverTimeout: ms(r.FailoverTimeoutMS), FenceGrace: ms(r.FenceGraceMS), Failback: fb,
+		MaxLagOnFailover: failover.DefaultMaxLag, Synchronous: failover.SyncOff,
 	}
 }
 
