@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/cockroachdb/datadriven"
+
+	"understudy/actors/capability"
 )
 
 // TestTranscripts runs one transcript per case of the staleness-detection
@@ -71,6 +73,14 @@ func TestTranscripts(t *testing.T) {
 				r.SuccessThreshold = num("st", r.SuccessThreshold)
 				r.FailoverTimeout = dur("fo", r.FailoverTimeout)
 				r.FenceGrace = dur("fg", r.FenceGrace)
+				if s, ok := arg("sync"); ok {
+					if v, err := ParseSynchronous(s); err == nil {
+						r.Synchronous = v
+					}
+				}
+				if _, ok := arg("maxlag"); ok {
+					r.MaxLagOnFailover = uint64(num("maxlag", 0))
+				}
 				if s, ok := arg("failback"); ok {
 					f, err := ParseFailback(s)
 					if err != nil {
@@ -85,6 +95,9 @@ func TestTranscripts(t *testing.T) {
 				rules := rulesFrom(DefaultRules("pg-main", "site-a", "site-b"))
 				_, unsafe := arg("unsafe")
 				opts := Options{AllowUnsafe: unsafe, CheckInterval: dur("check", 0), CheckFailures: num("checkfails", 0)}
+				if wl, _ := arg("workload"); wl == "db" {
+					opts.Rejoin, opts.Positions, opts.Synchronizer = true, true, true
+				}
 				if err := checkRules(rules, opts); err != nil {
 					return "error: " + err.Error()
 				}
@@ -129,6 +142,25 @@ func TestTranscripts(t *testing.T) {
 				n.alive = false
 				w.logf(n.site, "CRASH (process and resource gone)")
 				w.setServing(n, false)
+				if n.db != nil {
+					n.db.role, n.db.syncSet = capability.RoleDown, false
+				}
+			case "commit":
+				w.commit(capability.LSN(num("bytes", 1000)))
+			case "db":
+				n := site()
+				if _, ok := arg("lag"); ok {
+					n.db.lagBy = capability.LSN(num("lag", 0))
+				}
+				if v, ok := arg("cut"); ok {
+					n.db.cut = v == "true"
+				}
+				if v, ok := arg("role"); ok && v == "down" {
+					n.db.role = capability.RoleDown
+					w.setServing(n, false)
+				}
+				w.stream()
+				w.logf(n.site, "db lag-by=%d cut=%v role=%v received/flushed=%v", n.db.lagBy, n.db.cut, n.db.role, n.db.flush)
 			case "jump":
 				n := site()
 				by := dur("by", 0)
@@ -139,7 +171,7 @@ func TestTranscripts(t *testing.T) {
 				}
 			case "proc":
 				n := site()
-				kinds := map[string]ProcKind{"fence": ProcFence, "promote": ProcPromote, "demote": ProcDemote, "check": ProcCheck}
+				kinds := map[string]ProcKind{"fence": ProcFence, "promote": ProcPromote, "demote": ProcDemote, "check": ProcCheck, "rejoin": ProcRejoin, "sync": ProcSync}
 				k, _ := arg("kind")
 				kind, ok := kinds[k]
 				if !ok {
@@ -191,11 +223,21 @@ func TestTranscripts(t *testing.T) {
 				if w.splits > 0 {
 					fmt.Fprintf(&out, "split brains: %d\n", w.splits)
 				}
+				if w.opts.Rejoin {
+					for _, s := range w.sites {
+						d := w.node[s].db
+						fmt.Fprintf(&out, "db %s: %v timeline=%d at=%v follows=%q sync=%v\n", s, d.role, d.timeline, d.flush, d.follows, d.syncSet)
+					}
+					fmt.Fprintf(&out, "acknowledged up to %v, lost %d bytes\n", w.wdb.acked, w.wdb.lost)
+				}
 			default:
 				d.Fatalf(t, "unknown command %q", d.Cmd)
 			}
 			if w != nil && w.splits > 0 && !w.opts.AllowUnsafe {
 				t.Errorf("split brain with safe rules at %s", d.Pos)
+			}
+			if w != nil && w.wdb.lost > 0 && w.rules.Synchronous != SyncOff {
+				t.Errorf("acknowledged commits lost with synchronous %v at %s", w.rules.Synchronous, d.Pos)
 			}
 			return out.String()
 		})

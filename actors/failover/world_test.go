@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"understudy/actors/capability"
 	"understudy/events"
 )
 
@@ -30,6 +31,7 @@ type world struct {
 	node   map[string]*node
 	out    *strings.Builder
 	splits int
+	wdb dbWorld
 	// maxTerm is the highest term the register's history shows (the
 	// runtime reads it from the key's history when a value is corrupt).
 	maxTerm uint64
@@ -69,6 +71,7 @@ type node struct {
 	answers   int
 	serving   bool
 	procs     map[ProcKind]procBehaviour
+	db        *db // with a replicating workload (pair workload=db)
 }
 
 var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -106,7 +109,12 @@ func newWorld(t *testing.T, rules Rules, opts Options, out *strings.Builder) *wo
 			ProcPromote: {delay: 200 * time.Millisecond},
 			ProcDemote:  {delay: 200 * time.Millisecond},
 			ProcCheck:   {delay: 50 * time.Millisecond},
+			ProcRejoin:  {delay: 300 * time.Millisecond},
+			ProcSync:    {delay: 20 * time.Millisecond},
 		}}
+		if opts.Rejoin {
+			w.node[s].db = &db{role: capability.RoleDown}
+		}
 	}
 	w.put(ConfigKey(rules.Pair), EncodeRules(rules))
 	return w
@@ -315,7 +323,12 @@ func (w *world) runProc(n *node, p Procedure) {
 		if !n.alive || n.incarnation != inc {
 			return
 		}
-		if !b.fail {
+		ok, detail := !b.fail, map[bool]string{true: "step failed"}[b.fail]
+		var st *capability.Status
+		if ok && n.db != nil {
+			ok, detail, st = w.dbProc(n, p)
+		}
+		if ok {
 			switch p.Kind {
 			case ProcFence, ProcDemote:
 				w.setServing(n, false)
@@ -323,7 +336,7 @@ func (w *world) runProc(n *node, p Procedure) {
 				w.setServing(n, true)
 			}
 		}
-		w.step(n, ProcedureResult{Kind: p.Kind, Seq: p.Seq, OK: !b.fail, Detail: map[bool]string{true: "step failed"}[b.fail]})
+		w.step(n, ProcedureResult{Kind: p.Kind, Seq: p.Seq, OK: ok, Detail: detail, Status: st})
 	})
 }
 
