@@ -31,7 +31,7 @@ type world struct {
 	node   map[string]*node
 	out    *strings.Builder
 	splits int
-	wdb dbWorld
+	wdb    dbWorld
 	// maxTerm is the highest term the register's history shows (the
 	// runtime reads it from the key's history when a value is corrupt).
 	maxTerm uint64
