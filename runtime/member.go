@@ -13,6 +13,7 @@ import (
 
 	"github.com/anthdm/hollywood/actor"
 
+	"understudy/actors/capability"
 	"understudy/actors/failover"
 	"understudy/actors/procedure"
 	"understudy/events"
@@ -24,6 +25,19 @@ type MemberConfig struct {
 	Site       string
 	Procedures procedure.Spec
 	Options    failover.Options
+	// Workload is what the member protects; nil: the exec chains of
+	// Procedures (NewExecChains). Its host owns it: it outlives restarts
+	// of the member.
+	Workload capability.Workload
+}
+
+// workload returns cfg's workload, the exec chains of its procedures when
+// none is set.
+func (cfg MemberConfig) workload(drivers procedure.Drivers) capability.Workload {
+	if cfg.Workload != nil {
+		return cfg.Workload
+	}
+	return NewExecChains(cfg.Rules.Pair+"."+cfg.Site, cfg.Procedures, drivers)
 }
 
 // Transition is an event one of a member's actors recorded, for live
@@ -59,6 +73,7 @@ type (
 	// conflictFenceDone ends the wait for the conflict fence.
 	conflictFenceDone struct{}
 	memberShutdown    struct{ done chan struct{} }
+	memberPet         struct{}
 	watchFailed       struct{ err error }
 )
 
@@ -75,6 +90,7 @@ type memberActor struct {
 	pid      *actor.PID
 	engine   *actor.Engine
 	resource *actor.PID
+	workload capability.Workload
 	app      *appender
 	ctx      context.Context
 	cancel   context.CancelFunc
@@ -141,12 +157,16 @@ func (a *memberActor) Receive(c *actor.Context) {
 	case memberInput:
 		a.step(msg.in)
 	case procDone:
-		if msg.res.Seq == conflictFenceSeq && msg.res.Kind == procedure.ChainFence {
+		if msg.res.Seq == conflictFenceSeq && msg.res.Kind == failover.ProcFence {
 			a.log.Warn("conflict fence finished; member stops", "ok", msg.res.OK, "detail", msg.res.Detail)
 			a.stop(c, a.stopReason)
 			return
 		}
-		a.step(failover.ProcedureResult{Kind: failover.ProcKind(msg.res.Kind), Seq: msg.res.Seq, OK: msg.res.OK, Detail: msg.res.Detail})
+		a.step(msg.res)
+	case memberPet:
+		if p, ok := a.workload.(capability.Watched); ok && !a.conflicted {
+			p.Pet()
+		}
 	case memberConflict:
 		a.onConflict(c, msg.err)
 	case conflictFenceDone:
@@ -165,6 +185,9 @@ func (a *memberActor) started(c *actor.Context) {
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	opts := a.cfg.Options
 	opts.FenceBudget = max(opts.FenceBudget, a.cfg.Procedures.Fence.WorstCase())
+	if fb, ok := a.cfg.Workload.(fenceBudgeter); ok {
+		opts.FenceBudget = max(opts.FenceBudget, fb.FenceBudget())
+	}
 	m, err := failover.NewMember(a.cfg.Site, a.cfg.Rules, opts)
 	if err != nil {
 		a.log.Error("member refused its rules", "err", err)
@@ -182,11 +205,33 @@ func (a *memberActor) started(c *actor.Context) {
 		a.log.Info("member replayed its log", "subject", subject, "events", n, "last_seq", last, "term", m.Term())
 	}
 	a.app.start()
-	a.resource = c.SpawnChild(newResourceActor(a.cfg, a.deps), "resource")
+	a.workload = a.cfg.workload(a.deps.Drivers)
+	a.resource = c.SpawnChild(newWorkloadActor(a.cfg, a.deps, a.workload), "resource")
+	if _, ok := a.workload.(capability.Watched); ok {
+		go a.petter()
+	}
 	go a.watch()
 	go a.bridge()
 	a.handle(a.m.Start(a.now()))
 	a.schedule()
+}
+
+// petter asks the member's loop to pet its workload's watchdog four times
+// per fence_grace (at most per heartbeat_timeout): a pet proves the loop
+// runs, so a node paused or wedged past fence_grace is fenced by it.
+func (a *memberActor) petter() {
+	every := min(a.cfg.Rules.FenceGrace, a.cfg.Rules.HeartbeatTimeout) / 4
+	every = max(every, 10*time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-a.ctx.Done():
+			return
+		case <-t.C:
+			a.engine.Send(a.pid, memberPet{})
+		}
+	}
 }
 
 // replay folds the member's own subject into the fresh member. It is best
@@ -251,7 +296,7 @@ func (a *memberActor) onConflict(c *actor.Context, err error) {
 	wait := a.cfg.Procedures.Fence.WorstCase() + time.Second
 	a.log.Error("member fences its resource and stops: its event subject is written by another process",
 		"err", err, "serving", a.m.Serving(), "fence_wait", wait)
-	a.engine.Send(a.resource, runChain{kind: procedure.ChainFence, seq: conflictFenceSeq})
+	a.engine.Send(a.resource, runProc{failover.Procedure{Kind: failover.ProcFence, Seq: conflictFenceSeq, Term: a.m.Term(), Reason: "conflict"}})
 	pid, engine := a.pid, a.engine
 	time.AfterFunc(wait, func() { engine.Send(pid, conflictFenceDone{}) })
 }
@@ -335,7 +380,7 @@ func (a *memberActor) handle(r failover.Ready) {
 		go a.write(w)
 	}
 	for _, p := range r.Procedures {
-		a.engine.Send(a.resource, runChain{kind: procedure.ChainKind(p.Kind), seq: p.Seq})
+		a.engine.Send(a.resource, runProc{p})
 	}
 }
 

@@ -66,6 +66,8 @@ type Procedure struct {
 	// Bootstrap: promote of the preferred primary taking a register nobody
 	// ever held: the workload may be created from nothing.
 	Bootstrap bool
+	// Serving: a check of a member that serves (else it follows).
+	Serving bool
 }
 
 // Ready is what one Step hands back: durable events to append (in order;
@@ -1228,7 +1230,7 @@ func (m *Member) maybeCheck() {
 	m.checkSeq++
 	m.checkWait = true
 	p := m.procedure(ProcCheck, m.checkSeq, "check")
-	p.Synchronous = m.syncReg
+	p.Synchronous, p.Serving = m.syncReg, m.phase == PhaseLeader
 	m.out.Procedures = append(m.out.Procedures, p)
 }
 

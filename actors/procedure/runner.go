@@ -18,6 +18,10 @@ const (
 	ChainPromote
 	ChainDemote
 	ChainCheck // a read-only probe; never interrupts the others
+	// A workload's own procedures (capability.Workload), recorded by the
+	// host with the same events; exec chains have none of them.
+	ChainRejoin
+	ChainSync
 )
 
 func (k ChainKind) String() string {
@@ -30,6 +34,10 @@ func (k ChainKind) String() string {
 		return "demote"
 	case ChainCheck:
 		return "check"
+	case ChainRejoin:
+		return "rejoin"
+	case ChainSync:
+		return "sync"
 	}
 	return "unset"
 }
@@ -196,6 +204,23 @@ func (r *Runner) StepDone(now time.Duration, res StepResult) Out {
 		return out
 	}
 	r.endStep(&out, now, res.Outcome)
+	return out
+}
+
+// Abandon ends the chain in flight, if any, as superseded (its requester
+// moved on and gets no answer), cancelling its step.
+func (r *Runner) Abandon(now time.Duration, detail string) Out {
+	var out Out
+	c := r.cur
+	if c == nil {
+		return out
+	}
+	out.Cancel = append(out.Cancel, c.run)
+	r.emit(&out, &ChainFinished{
+		Resource: r.resource, Kind: c.kind, Seq: c.seq, Superseded: true, Took: now - c.started,
+		Detail: truncate(fmt.Sprintf("%s during step %d %q", detail, c.step, c.steps[c.step].Name), maxDetail),
+	})
+	r.cur = nil
 	return out
 }
 

@@ -19,8 +19,12 @@ var allowedInternal = map[string][]string{
 	"actors":      {"events", "actors"},
 	"projections": {"events", "actors", "projections"},
 	"simulations": {"events", "actors", "projections", "simulations"},
-	"runtime":     {"events", "actors", "runtime"},
-	"cmd":         {"events", "actors", "projections", "runtime", "simulations", "cmd"},
+	// Workloads a pair protects (capability.Workload implementations that
+	// do I/O and keep time: PostgreSQL, a libvirt VM): beside actors/, used
+	// by the runtime.
+	"capabilities": {"events", "actors", "capabilities"},
+	"runtime":      {"events", "actors", "capabilities", "runtime"},
+	"cmd":          {"events", "actors", "capabilities", "projections", "runtime", "simulations", "cmd"},
 	// The real partition suite drives the built binaries and nats-server
 	// processes: it imports nothing of the module (docs/partitions.md).
 	"partition": {"partition"},
@@ -28,10 +32,11 @@ var allowedInternal = map[string][]string{
 
 // Third-party imports forbidden per folder (prefix match).
 var forbiddenExternal = map[string][]string{
-	"events":      {"github.com/anthdm/hollywood", "github.com/nats-io/nats-server"},
-	"actors":      {"github.com/nats-io/", "github.com/anthdm/hollywood"},
-	"projections": {"github.com/anthdm/hollywood", "github.com/nats-io/nats-server"},
-	"simulations": {"github.com/anthdm/hollywood", "github.com/nats-io/"},
+	"events":       {"github.com/anthdm/hollywood", "github.com/nats-io/nats-server"},
+	"actors":       {"github.com/nats-io/", "github.com/anthdm/hollywood"},
+	"projections":  {"github.com/anthdm/hollywood", "github.com/nats-io/nats-server"},
+	"simulations":  {"github.com/anthdm/hollywood", "github.com/nats-io/"},
+	"capabilities": {"github.com/anthdm/hollywood", "github.com/nats-io/"},
 }
 
 type listedPackage struct {
