@@ -32,7 +32,7 @@ func NewExecChains(resource string, spec procedure.Spec, drivers procedure.Drive
 
 // setRecorder is where the chains' events go (the member's procedure
 // subject); the workload host sets it before any call.
-func (c *ExecChains) setRecorder(f func(...events.Event)) { c.record = f }
+func (c *ExecChains) setRecorder(f func(...events.Event)) bool { c.record = f; return true }
 
 // FenceBudget is the fence chain's worst case.
 func (c *ExecChains) FenceBudget() time.Duration { return c.spec.Fence.WorstCase() }

@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"sync"
@@ -12,9 +13,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"understudy/actors/agent"
+	"understudy/actors/capability"
 	"understudy/actors/failover"
 	"understudy/actors/procedure"
 	"understudy/actors/resources/libvirt"
+	"understudy/capabilities/postgres"
+	"understudy/capabilities/vm"
 	"understudy/events"
 )
 
@@ -69,6 +73,9 @@ type Host struct {
 	mu       sync.Mutex
 	slots    []*memberSlot
 	stopping bool
+	// closers: the workloads the host made (PostgreSQL's keeper and
+	// server), closed once every member has stopped.
+	closers []io.Closer
 }
 
 // Restart backoff of a stopped member: doubles from memberRestartMin to
@@ -217,15 +224,76 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 		h.libvirt = libvirt.NewDriverProcess(opts.LibvirtDriver, logger)
 		drivers = DefaultDrivers(h.libvirt)
 	}
+	workloads := make([]MemberConfig, 0, len(members))
+	for _, mc := range members {
+		mc, err := h.workload(mc, drivers, opts.LibvirtDriver)
+		if err != nil {
+			h.closeWorkloads()
+			return nil, err
+		}
+		workloads = append(workloads, mc)
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for _, mc := range members {
+	for _, mc := range workloads {
 		sl := &memberSlot{cfg: mc, deps: MemberDeps{Log: evlog, KV: kv, Drivers: drivers, Logger: logger, Observe: opts.Observe, Metrics: opts.Metrics}}
 		h.slots = append(h.slots, sl)
 		h.spawn(sl)
 		logger.Info("member started", "pair", mc.Rules.Pair, "site", mc.Site)
 	}
 	return h, nil
+}
+
+// workload makes mc's workload from its postgres or vm section (exec
+// chains otherwise, made by the member), with the fence steps of its
+// procedures as the escalation of its own fence, and checks that
+// fence_grace covers the fence's worst case.
+func (h *Host) workload(mc MemberConfig, drivers procedure.Drivers, lv libvirt.DriverConfig) (MemberConfig, error) {
+	resource := mc.Rules.Pair + "." + mc.Site
+	var w capability.Workload
+	switch {
+	case mc.Postgres != nil:
+		pg, err := postgres.New(*mc.Postgres, postgres.Member{Pair: mc.Rules.Pair, Site: mc.Site, PeerSite: mc.Rules.Other(mc.Site),
+			FenceGrace: mc.Rules.FenceGrace, Logger: h.logger.With("pair", mc.Rules.Pair, "site", mc.Site, "workload", "postgres")})
+		if err != nil {
+			return mc, fmt.Errorf("pair %s member %s: postgres: %w", mc.Rules.Pair, mc.Site, err)
+		}
+		h.closers = append(h.closers, pg)
+		w = pg
+		if len(mc.Procedures.Fence.Steps) > 0 {
+			w = escalated[*postgres.Postgres]{w: pg, then: NewExecChains(resource, mc.Procedures, drivers)}
+		}
+	case mc.VM != nil:
+		if h.libvirt == nil {
+			h.libvirt = libvirt.NewDriverProcess(lv, h.logger)
+		}
+		v, err := vm.New(*mc.VM, h.libvirt, h.logger.With("pair", mc.Rules.Pair, "site", mc.Site, "workload", "vm"))
+		if err != nil {
+			return mc, fmt.Errorf("pair %s member %s: vm: %w", mc.Rules.Pair, mc.Site, err)
+		}
+		w = v
+		if len(mc.Procedures.Fence.Steps) > 0 {
+			w = escalated[*vm.VM]{w: v, then: NewExecChains(resource, mc.Procedures, drivers)}
+		}
+	default:
+		return mc, nil
+	}
+	if fb, ok := w.(fenceBudgeter); ok {
+		if err := mc.Rules.CheckFenceBudget(fb.FenceBudget()); err != nil {
+			return mc, fmt.Errorf("pair %s member %s: %w", mc.Rules.Pair, mc.Site, err)
+		}
+	}
+	mc.Workload = w
+	return mc, nil
+}
+
+func (h *Host) closeWorkloads() {
+	for _, c := range h.closers {
+		if err := c.Close(); err != nil {
+			h.logger.Warn("workload did not close cleanly", "err", err)
+		}
+	}
+	h.closers = nil
 }
 
 // Shutdown asks every leading member to hand over cleanly (demote, then
@@ -249,12 +317,14 @@ func (h *Host) Shutdown(ctx context.Context) {
 
 // Stop stops every member (their resources with them) and waits for them,
 // then kills the understudy-libvirt processes of libvirt steps still
-// running. It does not fence: a member stopping leaves its resource as it
-// is, and the next start comes up fenced.
+// running. It does not fence exec chains or VMs: a member stopping leaves
+// them as they are, and the next start comes up fenced. A PostgreSQL,
+// which must not outlive its node, is stopped.
 func (h *Host) Stop(ctx context.Context) {
 	if h.libvirt != nil {
 		defer h.libvirt.Close()
 	}
+	defer h.closeWorkloads()
 	h.mu.Lock()
 	h.stopping = true
 	for _, sl := range h.slots {

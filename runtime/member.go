@@ -16,6 +16,8 @@ import (
 	"understudy/actors/capability"
 	"understudy/actors/failover"
 	"understudy/actors/procedure"
+	"understudy/capabilities/postgres"
+	"understudy/capabilities/vm"
 	"understudy/events"
 )
 
@@ -25,6 +27,10 @@ type MemberConfig struct {
 	Site       string
 	Procedures procedure.Spec
 	Options    failover.Options
+	// Postgres or VM: the workload's section of the node file (validated);
+	// StartHost turns it into Workload.
+	Postgres *postgres.Config
+	VM       *vm.Config
 	// Workload is what the member protects; nil: the exec chains of
 	// Procedures (NewExecChains). Its host owns it: it outlives restarts
 	// of the member.

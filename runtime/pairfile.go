@@ -10,10 +10,13 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/dustin/go-humanize"
 	"gopkg.in/yaml.v3"
 
 	"understudy/actors/failover"
 	"understudy/actors/procedure"
+	"understudy/capabilities/postgres"
+	"understudy/capabilities/vm"
 )
 
 // PairFile is a pair's rules as written in YAML (see docs/failover.md):
@@ -27,6 +30,8 @@ import (
 //	failover_timeout: 5s
 //	fence_grace: 2s
 //	failback: auto           # or manual
+//	synchronous: off         # on or strict: a workload that replicates (postgres)
+//	maximum_lag_on_failover: 1MiB
 //
 // Absent keys take DESIGN.md's defaults.
 type PairFile struct {
@@ -39,6 +44,10 @@ type PairFile struct {
 	FailoverTimeout  string `yaml:"failover_timeout"`
 	FenceGrace       string `yaml:"fence_grace"`
 	Failback         string `yaml:"failback"`
+	Synchronous      string `yaml:"synchronous"`
+	// MaximumLagOnFailover is in bytes of log, with an optional unit
+	// ("1MiB", "16MB", "0"). A YAML number is read as bytes.
+	MaximumLagOnFailover string `yaml:"maximum_lag_on_failover"`
 }
 
 // Rules validates the file into typed rules: every field, then the safety
@@ -82,6 +91,20 @@ func (p PairFile) Rules(allowUnsafe bool) (failover.Rules, error) {
 			return failover.Rules{}, err
 		}
 		r.Failback = fb
+	}
+	if p.Synchronous != "" {
+		s, err := failover.ParseSynchronous(p.Synchronous)
+		if err != nil {
+			return failover.Rules{}, err
+		}
+		r.Synchronous = s
+	}
+	if p.MaximumLagOnFailover != "" {
+		n, err := humanize.ParseBytes(p.MaximumLagOnFailover)
+		if err != nil {
+			return failover.Rules{}, &ConfigError{Field: "maximum_lag_on_failover", Rule: `must be a size in bytes, with an optional unit such as "1MiB" or "16MB"`, Value: p.MaximumLagOnFailover}
+		}
+		r.MaxLagOnFailover = n
 	}
 	var err error
 	if allowUnsafe {
@@ -147,6 +170,11 @@ type PairMember struct {
 	// checks in a row hand leadership to a ready replica.
 	CheckInterval string `yaml:"check_interval"`
 	CheckFailures int    `yaml:"check_failures"`
+	// Postgres or VM, when set, is the workload the member protects,
+	// driven by the member itself; Procedures may then hold only fence
+	// steps, run when the workload's own fence fails (escalation).
+	Postgres *postgres.Config `yaml:"postgres"`
+	VM       *vm.Config       `yaml:"vm"`
 }
 
 // resolvePairs validates a node file's pairs into member configurations.
@@ -192,6 +220,11 @@ func resolvePairs(node string, pairs []PairMember, baseDir string) ([]MemberConf
 			errs = append(errs, &ConfigError{Field: field + ".member", Rule: fmt.Sprintf("must name a member of pair %s (%s or %s); it defaults to the node name", rules.Pair, rules.Primary, rules.Replica), Value: site})
 			continue
 		}
+		opts, err := workloadOptions(pm, rules, field)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
 		if err := pm.Procedures.Validate(); err != nil {
 			var ce *ConfigError
 			if errors.As(err, &ce) {
@@ -205,7 +238,6 @@ func resolvePairs(node string, pairs []PairMember, baseDir string) ([]MemberConf
 			errs = append(errs, &ConfigError{Field: field + "." + ce.Field, Rule: ce.Rule + " (procedures.fence)", Value: ce.Value})
 			continue
 		}
-		var opts failover.Options
 		if pm.CheckInterval != "" {
 			d, err := time.ParseDuration(pm.CheckInterval)
 			switch {
@@ -215,7 +247,7 @@ func resolvePairs(node string, pairs []PairMember, baseDir string) ([]MemberConf
 			case d < rules.HeartbeatTimeout:
 				errs = append(errs, &ConfigError{Field: field + ".check_interval", Rule: "must be at least heartbeat_timeout (" + rules.HeartbeatTimeout.String() + ")", Value: pm.CheckInterval})
 				continue
-			case len(pm.Procedures.Check.Steps) == 0:
+			case len(pm.Procedures.Check.Steps) == 0 && pm.Postgres == nil && pm.VM == nil:
 				errs = append(errs, &ConfigError{Field: field + ".procedures.check.steps", Rule: "must have at least one step when check_interval is set"})
 				continue
 			}
@@ -232,9 +264,48 @@ func resolvePairs(node string, pairs []PairMember, baseDir string) ([]MemberConf
 			continue
 		}
 		seen[key] = true
-		out = append(out, MemberConfig{Rules: rules, Site: site, Procedures: pm.Procedures, Options: opts})
+		out = append(out, MemberConfig{Rules: rules, Site: site, Procedures: pm.Procedures, Options: opts, Postgres: pm.Postgres, VM: pm.VM})
 	}
 	return out, errs
+}
+
+// workloadOptions validates a member's workload section (postgres or vm)
+// and returns the member options it implies.
+func workloadOptions(pm PairMember, rules failover.Rules, field string) (failover.Options, error) {
+	var opts failover.Options
+	if pm.Postgres != nil && pm.VM != nil {
+		return opts, &ConfigError{Field: field + ".vm", Rule: "a member protects one workload: postgres or vm, not both"}
+	}
+	if pm.Postgres != nil || pm.VM != nil {
+		wl := "postgres"
+		if pm.VM != nil {
+			wl = "vm"
+		}
+		for _, c := range []struct {
+			name  string
+			chain procedure.ChainSpec
+		}{{"promote", pm.Procedures.Promote}, {"demote", pm.Procedures.Demote}, {"check", pm.Procedures.Check}} {
+			if len(c.chain.Steps) > 0 {
+				return opts, &ConfigError{Field: field + ".procedures." + c.name, Rule: "must be empty with " + wl + ": the member drives the " + wl + " itself; only fence steps may be given, run when its own fence fails"}
+			}
+		}
+	}
+	if (rules.Synchronous == failover.SyncOn || rules.Synchronous == failover.SyncStrict) && pm.Postgres == nil {
+		return opts, &ConfigError{Field: field + ".synchronous", Rule: "must be off unless the member protects a workload that replicates (postgres)", Value: rules.Synchronous.String()}
+	}
+	switch {
+	case pm.Postgres != nil:
+		if err := pm.Postgres.Validate(field + ".postgres"); err != nil {
+			return opts, err
+		}
+		opts.Rejoin, opts.Positions, opts.Synchronizer = true, true, true
+	case pm.VM != nil:
+		if err := pm.VM.Validate(field + ".vm"); err != nil {
+			return opts, err
+		}
+		opts.Rejoin = true
+	}
+	return opts, nil
 }
 
 // PairFileOf renders rules back into the pair file's shape (every key
@@ -245,5 +316,6 @@ func PairFileOf(r failover.Rules) PairFile {
 		Pair: r.Pair, Primary: r.Primary, Replica: r.Replica,
 		HeartbeatTimeout: r.HeartbeatTimeout.String(), FailureThreshold: &ft, SuccessThreshold: &st,
 		FailoverTimeout: r.FailoverTimeout.String(), FenceGrace: r.FenceGrace.String(), Failback: r.Failback.String(),
+		Synchronous: r.Synchronous.String(), MaximumLagOnFailover: strconv.FormatUint(r.MaxLagOnFailover, 10),
 	}
 }

@@ -35,9 +35,12 @@ const (
 	fenceFallback  = 30 * time.Second // a workload that states no fence budget
 )
 
-// recorder is a workload that records its own procedure events (exec
-// chains: every step); the host records the others' calls itself.
-type recorder interface{ setRecorder(func(...events.Event)) }
+// recorder is a workload that records procedure events of its own (exec
+// chains: every chain and step). setRecorder says whether it records its
+// calls itself; the host records the calls of the others.
+type recorder interface {
+	setRecorder(func(...events.Event)) (recordsCalls bool)
+}
 
 // fenceBudgeter is a workload that states the worst case of its fence.
 type fenceBudgeter interface{ FenceBudget() time.Duration }
@@ -65,6 +68,8 @@ type workloadActor[W capability.Workload] struct {
 	cancel   context.CancelFunc // of the exclusive call in flight
 	ctx      context.Context
 	stop     context.CancelFunc
+	// selfRecording: the workload records its calls' events itself.
+	selfRecording bool
 }
 
 // newWorkloadActor returns the producer of a member's workload actor.
@@ -94,7 +99,7 @@ func (a *workloadActor[W]) Receive(c *actor.Context) {
 		a.app.start()
 		if r, ok := any(a.w).(recorder); ok {
 			app := a.app
-			r.setRecorder(func(evs ...events.Event) { app.add(evs...) })
+			a.selfRecording = r.setRecorder(func(evs ...events.Event) { app.add(evs...) })
 		}
 	case actor.Stopped:
 		a.stop()
@@ -152,7 +157,7 @@ func (a *workloadActor[W]) run(p failover.Procedure) {
 		ctx, cancel = context.WithCancel(a.ctx)
 	}
 	a.cancel = cancel
-	_, records := any(a.w).(recorder)
+	records := a.selfRecording
 	kind := procedure.ChainKind(p.Kind)
 	if !records {
 		a.app.add(&procedure.ChainStarted{Resource: a.resource, Kind: kind, Seq: p.Seq, Steps: 1})
@@ -211,4 +216,69 @@ func (a *workloadActor[W]) call(ctx context.Context, k failover.ProcKind, req ca
 		return s.SetSynchronous(ctx, req)
 	}
 	return fmt.Errorf("unknown procedure kind %v", k)
+}
+
+// escalated is a workload whose fence escalates to exec chains when its
+// own fails: the database's stop first, then the operator's steps (a
+// STONITH, a network cut), as a fence chain escalates step by step.
+type escalated[W capability.Workload] struct {
+	w    W
+	then *ExecChains
+}
+
+func (e escalated[W]) Fence(ctx context.Context, req capability.Request) error {
+	err := e.w.Fence(ctx, req)
+	if err == nil {
+		return nil
+	}
+	if err2 := e.then.Fence(ctx, req); err2 != nil {
+		return fmt.Errorf("%w; then the fence steps: %v", err, err2)
+	}
+	return nil
+}
+
+func (e escalated[W]) Promote(ctx context.Context, req capability.Request) error {
+	return e.w.Promote(ctx, req)
+}
+
+func (e escalated[W]) Demote(ctx context.Context, req capability.Request) error {
+	return e.w.Demote(ctx, req)
+}
+
+func (e escalated[W]) Rejoin(ctx context.Context, req capability.Request) error {
+	return e.w.Rejoin(ctx, req)
+}
+
+func (e escalated[W]) Check(ctx context.Context, req capability.Request) (capability.Status, error) {
+	return e.w.Check(ctx, req)
+}
+
+func (e escalated[W]) SetSynchronous(ctx context.Context, req capability.Request) error {
+	s, ok := any(e.w).(capability.Synchronizer)
+	if !ok {
+		return errors.New("this workload cannot replicate synchronously")
+	}
+	return s.SetSynchronous(ctx, req)
+}
+
+func (e escalated[W]) Pet() {
+	if p, ok := any(e.w).(capability.Watched); ok {
+		p.Pet()
+	}
+}
+
+// FenceBudget is the workload's fence and then the whole fence chain.
+func (e escalated[W]) FenceBudget() time.Duration {
+	var b time.Duration
+	if fb, ok := any(e.w).(fenceBudgeter); ok {
+		b = fb.FenceBudget()
+	}
+	return b + e.then.FenceBudget()
+}
+
+// setRecorder gives the fence steps their events; the workload's own
+// calls are the host's to record.
+func (e escalated[W]) setRecorder(f func(...events.Event)) bool {
+	e.then.setRecorder(f)
+	return false
 }

@@ -20,6 +20,11 @@ need+=(podman runc busybox-static)
 # their links with iptables inside them (docs/partitions.md). Delay and loss
 # use sch_netem where the kernel has it, else NFQUEUE (no package needed).
 need+=(iptables iproute2)
+# postgresql-15: the postgres workload (capabilities/postgres) and the pairs
+# built on it are tested against real PostgreSQL 15 servers the tests start
+# themselves (initdb, pg_basebackup, pg_rewind); the package's own cluster
+# is not used. Its postgres OS user runs them.
+need+=(postgresql-15)
 
 missing=()
 for pkg in "${need[@]:-}"; do
