@@ -317,6 +317,42 @@ func TestNodeFilePairRefusalsNameTheirPath(t *testing.T) {
 			want:  []string{"pairs[0].member = site-z", "must name a member of pair pg-main (site-a or site-b)", "defaults to the node name"},
 		},
 		{
+			name:  "synchronous without a replicating workload",
+			body:  "node: site-a\npairs:\n" + inlinePair + "    synchronous: on\n" + indent(nodeProcedures, 4),
+			field: "pairs[0].synchronous",
+			want:  []string{"pairs[0].synchronous = on", "must be off unless the member protects a workload that replicates (postgres)"},
+		},
+		{
+			name:  "synchronous misspelt",
+			body:  "node: site-a\npairs:\n" + inlinePair + "    synchronous: yes\n" + indent(nodeProcedures, 4),
+			field: "pairs[0].synchronous",
+			want:  []string{`pairs[0].synchronous = "yes"`, `must be "off", "on" or "strict"`},
+		},
+		{
+			name:  "lag limit not a size",
+			body:  "node: site-a\npairs:\n" + inlinePair + "    maximum_lag_on_failover: lots\n" + indent(nodeProcedures, 4),
+			field: "pairs[0].maximum_lag_on_failover",
+			want:  []string{"pairs[0].maximum_lag_on_failover = lots", `must be a size in bytes, with an optional unit such as "1MiB"`},
+		},
+		{
+			name:  "postgres and vm",
+			body:  "node: site-a\npairs:\n" + inlinePair + "    postgres: {data_dir: /var/lib/pg, peer: 'b:5432'}\n    vm: {domain: d}\n",
+			field: "pairs[0].vm",
+			want:  []string{"pairs[0].vm", "one workload: postgres or vm, not both"},
+		},
+		{
+			name:  "vm with a promote chain",
+			body:  "node: site-a\npairs:\n" + inlinePair + "    vm: {domain: d}\n" + indent(nodeProcedures, 4),
+			field: "pairs[0].procedures.promote",
+			want:  []string{"pairs[0].procedures.promote", "must be empty with vm", "only fence steps"},
+		},
+		{
+			name:  "vm without a domain",
+			body:  "node: site-a\npairs:\n" + inlinePair + "    vm: {uri: 'test:///default'}\n",
+			field: "pairs[0].vm.domain",
+			want:  []string{"pairs[0].vm.domain"},
+		},
+		{
 			name:  "unknown member given explicitly",
 			body:  "node: site-a\npairs:\n" + inlinePair + "    member: site-q\n" + indent(nodeProcedures, 4),
 			field: "pairs[0].member",
@@ -460,5 +496,27 @@ func TestFilesRefuseSecondDocumentAndEmptiness(t *testing.T) {
 	path := writeFile(t, dir, "pair.yaml", "pair: pg-main\nprimary: site-a\nreplica: site-b\n---\nfailover_timeout: 1s\n")
 	if _, err := LoadPairFile(path, false); err == nil || !strings.Contains(err.Error(), "a second YAML document") {
 		t.Errorf("pair file with a second document: %v", err)
+	}
+}
+
+func TestPairFileReplicationRules(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		lag  uint64
+		sync failover.Synchronous
+	}{
+		{"", failover.DefaultMaxLag, failover.SyncOff},
+		{"maximum_lag_on_failover: 16MiB\nsynchronous: strict\n", 16 << 20, failover.SyncStrict},
+		{"maximum_lag_on_failover: 0\nsynchronous: \"on\"\n", 0, failover.SyncOn},
+		{"maximum_lag_on_failover: 500000\n", 500000, failover.SyncOff},
+	} {
+		path := writeFile(t, t.TempDir(), "p.yaml", pairHead+tc.body)
+		r, err := LoadPairFile(path, false)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.body, err)
+		}
+		if r.MaxLagOnFailover != tc.lag || r.Synchronous != tc.sync {
+			t.Errorf("%q: lag %d sync %v, want %d %v", tc.body, r.MaxLagOnFailover, r.Synchronous, tc.lag, tc.sync)
+		}
 	}
 }
