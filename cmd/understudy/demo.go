@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -26,6 +27,7 @@ func newDemoCmd(stdout, stderr io.Writer) *cobra.Command {
 		pairFile  string
 		logLevel  string
 		out       string
+		withPG    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "demo",
@@ -42,7 +44,16 @@ failover_ms and promoted) and the live lines go to stderr.
 
 With --out FILE the pair's record (KV history and events) is exported to FILE
 before the embedded server stops: 'understudy replay --file FILE' rebuilds the
-failover from it.`,
+failover from it.
+
+With --postgres each site runs a real PostgreSQL 15 server driven by its member
+(the preferred primary creates the database, the replica clones it and
+streams), and a writer commits a counter continuously through a read-write
+connection to whichever site accepts writes. The power cut SIGKILLs the
+primary's PostgreSQL too. The summary adds first_write_ms (power cut to the
+first commit accepted by the new primary) and lost_writes (acknowledged
+commits missing afterwards). It needs the postgresql-15 package; as root,
+PostgreSQL runs as the postgres user.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			rules := failover.DefaultRules("demo", "site-a", "site-b")
@@ -66,6 +77,12 @@ failover from it.`,
 			}
 			logger := runtime.NewLogger(stderr, level, runtime.LogText)
 			slog.SetDefault(logger.With("component", "library")) // the actor engine logs to the default
+			if withPG {
+				if out != "" {
+					return &usageError{cmd: cmd.CommandPath(), err: errors.New("--out is not available with --postgres")}
+				}
+				return runDemoPostgres(cmd.Context(), rules, killAfter, dataDir, asJSON, stdout, live, logger)
+			}
 			return runDemo(cmd.Context(), rules, killAfter, dataDir, out, asJSON, stdout, live, logger)
 		},
 	}
@@ -76,6 +93,7 @@ failover from it.`,
 	f.StringVar(&pairFile, "pair-config", "", "pair file with the rules to use (pair and sites are taken from it)")
 	f.StringVar(&logLevel, "log-level", "warn", "log level of the nodes (debug, info, warn, error)")
 	f.StringVar(&out, "out", "", "export the pair's record to FILE after the run (see 'understudy replay')")
+	f.BoolVar(&withPG, "postgres", false, "run the pair on two real PostgreSQL 15 servers with a writer committing a counter; the summary adds first_write_ms and lost_writes")
 	return cmd
 }
 
