@@ -92,10 +92,10 @@ type keeper struct {
 	watchdog string
 	self     int
 
-	pid      int // the postmaster, 0 when none
-	armed    bool
-	lastPet  time.Time
-	dog      *os.File
+	pid     int // the postmaster, 0 when none
+	armed   bool
+	lastPet time.Time
+	dog     *os.File
 }
 
 func (k *keeper) send(m keeperMessage) {

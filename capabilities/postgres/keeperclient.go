@@ -126,6 +126,7 @@ func (k *keeperClient) read(stdout io.Reader, ready chan struct{}) {
 				k.pid = m.PID
 				k.exited = make(chan struct{})
 				k.exitMsg = ""
+				k.expired = ""
 			}
 			k.mu.Unlock()
 			if ok {

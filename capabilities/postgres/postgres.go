@@ -29,7 +29,9 @@ type Member struct {
 	// FenceGrace: the keeper stops PostgreSQL when, armed, it has no pet
 	// for this long (0: never; the runtime always sets it).
 	FenceGrace time.Duration
-	Logger     *slog.Logger
+	// Logger carries the caller's context (pair, site); default
+	// slog.Default().
+	Logger *slog.Logger
 }
 
 // Postgres is the PostgreSQL workload of one failover pair member. Its
@@ -78,7 +80,7 @@ func New(cfg Config, m Member) (*Postgres, error) {
 	}
 	p := &Postgres{
 		cfg: cfg, m: m, run: runDir(cfg.DataDir),
-		log: m.Logger.With("pair", m.Pair, "site", m.Site),
+		log: m.Logger,
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -233,7 +235,7 @@ func (p *Postgres) Promote(ctx context.Context, req capability.Request) error {
 	}
 	ctx, cancel := withDefaultTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	sync := p.syncValue(req.Synchronous)
+	names := p.syncValue(req.Synchronous)
 	if pid, _ := k.running(); pid == 0 {
 		state, cluster, err := p.inspectData(ctx)
 		if err != nil {
@@ -249,7 +251,7 @@ func (p *Postgres) Promote(ctx context.Context, req capability.Request) error {
 			}
 			state = dataPrimary
 		}
-		if err := p.setAutoConf("synchronous_standby_names", sync); err != nil {
+		if err := p.setAutoConf("synchronous_standby_names", names); err != nil {
 			return fmt.Errorf("promote: set synchronous_standby_names: %w", err)
 		}
 		if err := p.arm(ctx, k); err != nil {
@@ -267,7 +269,7 @@ func (p *Postgres) Promote(ctx context.Context, req capability.Request) error {
 			return fmt.Errorf("promote: %w", err)
 		}
 		if rec {
-			if err := p.setSynchronousNames(ctx, sync); err != nil {
+			if err := p.setSynchronousNames(ctx, names); err != nil {
 				return fmt.Errorf("promote: %w", err)
 			}
 			p.log.Info("postgres: promoting the standby", "reason", req.Reason, "term", req.Term, "synchronous", req.Synchronous)
@@ -278,7 +280,7 @@ func (p *Postgres) Promote(ctx context.Context, req capability.Request) error {
 			if !done {
 				return errors.New("promote: pg_promote did not finish within 60s: see the server log in " + p.run)
 			}
-		} else if err := p.setSynchronousNames(ctx, sync); err != nil {
+		} else if err := p.setSynchronousNames(ctx, names); err != nil {
 			return fmt.Errorf("promote: %w", err)
 		}
 		for {
@@ -370,8 +372,6 @@ func (p *Postgres) Rejoin(ctx context.Context, req capability.Request) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := withDefaultTimeout(ctx, 5*time.Minute)
-	defer cancel()
 	if pid, _ := k.running(); pid != 0 {
 		rec, err := p.inRecovery(ctx, 2*time.Second)
 		if (err == nil && rec || isCannotConnectNow(err)) && !p.armed.Load() {
@@ -412,10 +412,14 @@ func (p *Postgres) Rejoin(ctx context.Context, req capability.Request) error {
 			}
 		}
 	}
-	if err := p.startServer(ctx, true); err != nil {
+	// A clone or a rewind takes what it takes (ctx bounds it); the start
+	// and the wait for streaming have a bound of their own.
+	sctx, cancel := withDefaultTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := p.startServer(sctx, true); err != nil {
 		return fmt.Errorf("rejoin: %w", err)
 	}
-	return p.waitStreaming(ctx)
+	return p.waitStreaming(sctx)
 }
 
 func withDefaultTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
@@ -533,8 +537,11 @@ func (p *Postgres) peerReachable(ctx context.Context) error {
 	return nil
 }
 
-// waitStreaming waits until the standby's WAL receiver streams.
+// waitStreaming waits until the standby's WAL receiver streams (2 minutes
+// at most when ctx has no deadline).
 func (p *Postgres) waitStreaming(ctx context.Context) error {
+	ctx, cancel := withDefaultTimeout(ctx, 2*time.Minute)
+	defer cancel()
 	status := ""
 	var last error
 	for {
@@ -570,8 +577,11 @@ func (p *Postgres) Check(ctx context.Context, req capability.Request) (capabilit
 		st.Detail = "PostgreSQL is not running"
 		if k != nil {
 			k.mu.Lock()
-			if k.expired != "" {
+			switch {
+			case k.expired != "":
 				st.Detail += " (the keeper stopped it: " + k.expired + ")"
+			case k.exitMsg != "":
+				st.Detail += " (the postmaster exited: " + k.exitMsg + "; see " + p.run + "/" + serverLog + ")"
 			}
 			k.mu.Unlock()
 		}

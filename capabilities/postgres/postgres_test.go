@@ -91,7 +91,7 @@ func newSite(t *testing.T, dir, name, peerName string, port, peerPort int, grace
 	if err := cfg.Validate("pairs[0].postgres"); err != nil {
 		t.Fatal(err)
 	}
-	logger := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})).With("test_site", name)
+	logger := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})).With("site", name)
 	p, err := New(cfg, Member{Pair: "db", Site: name, PeerSite: peerName, FenceGrace: grace, Logger: logger})
 	if err != nil {
 		t.Fatal(err)

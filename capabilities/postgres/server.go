@@ -119,6 +119,9 @@ func (p *Postgres) writeOwned(path string, data []byte) error {
 // prepareDirs makes runDir and its files, and checks the data directory's
 // owner and mode: every start rewrites them from the configuration.
 func (p *Postgres) prepareDirs() error {
+	if err := p.makeParent(); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(p.run, 0o700); err != nil {
 		return fmt.Errorf("create %s: %w", p.run, err)
 	}
@@ -132,8 +135,15 @@ func (p *Postgres) prepareDirs() error {
 		return fmt.Errorf("write %s: %w", hbaFile, err)
 	}
 	// libpq's passfile: *:*:*:user:password, with ':' and '\' escaped.
+	path := filepath.Join(p.run, passFile)
+	if p.cfg.password == "" { // certificate authentication
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		return nil
+	}
 	pw := strings.NewReplacer(`\`, `\\`, `:`, `\:`).Replace(p.cfg.password)
-	if err := p.writeOwned(filepath.Join(p.run, passFile), []byte("*:*:*:"+p.cfg.Replication.User+":"+pw+"\n")); err != nil {
+	if err := p.writeOwned(path, []byte("*:*:*:"+p.cfg.Replication.User+":"+pw+"\n")); err != nil {
 		return fmt.Errorf("write the passfile: %w", err)
 	}
 	return nil
@@ -158,6 +168,9 @@ func (p *Postgres) checkDataDir() error {
 // makeEmptyDataDir creates the data directory (RunAs's, 0700) for initdb
 // or pg_basebackup.
 func (p *Postgres) makeEmptyDataDir() error {
+	if err := p.makeParent(); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(p.cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("create data directory: %w", err)
 	}
@@ -165,6 +178,15 @@ func (p *Postgres) makeEmptyDataDir() error {
 		return err
 	}
 	return p.owned(p.cfg.DataDir)
+}
+
+// makeParent creates the data directory's parent if missing, traversable
+// (0755) so that RunAs reaches the data directory inside.
+func (p *Postgres) makeParent() error {
+	if err := os.MkdirAll(filepath.Dir(p.cfg.DataDir), 0o755); err != nil {
+		return fmt.Errorf("create the data directory's parent: %w", err)
+	}
+	return nil
 }
 
 // hba is the generated pg_hba.conf: the superuser over the private socket
@@ -408,7 +430,7 @@ func (t *tail) String() string {
 // the passfile; it returns the (bounded) output, and on failure an error
 // quoting its end.
 func (p *Postgres) runTool(ctx context.Context, name string, env []string, args ...string) (string, error) {
-	if err := os.MkdirAll(p.run, 0o700); err == nil {
+	if err := p.makeParent(); err == nil && os.MkdirAll(p.run, 0o700) == nil {
 		_ = p.owned(p.run)
 	}
 	cmd := exec.CommandContext(ctx, filepath.Join(p.cfg.BinDir, name), args...)
