@@ -612,3 +612,36 @@ func TestSlotName(t *testing.T) {
 		}
 	}
 }
+
+// pg_rewind fails (its source refuses it the functions it reads with): the
+// old primary's data is moved aside and cloned again.
+func TestRejoinClonesAgainWhenRewindFails(t *testing.T) {
+	needPostgres(t)
+	a, b := newPair(t)
+	bootstrap(t, a)
+	if err := b.Rejoin(ctxFor(t, 60*time.Second), req(b, "site-a")); err != nil {
+		t.Fatalf("rejoin by clone: %v", err)
+	}
+	if err := a.Fence(ctxFor(t, 5*time.Second), req(a, "")); err != nil {
+		t.Fatal(err)
+	}
+	pr := req(b, "site-b")
+	pr.Term = 2
+	if err := b.Promote(ctxFor(t, 60*time.Second), pr); err != nil {
+		t.Fatalf("promote: %v", err)
+	}
+	mustExec(t, b, "REVOKE EXECUTE ON FUNCTION pg_catalog.pg_read_binary_file(text) FROM replicator")
+	mustExec(t, b, "CREATE TABLE after AS SELECT 1 AS id")
+	if err := a.Rejoin(ctxFor(t, 60*time.Second), req(a, "site-b")); err != nil {
+		t.Fatalf("rejoin: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(a.cfg.DataDir+".old", "PG_VERSION")); err != nil {
+		t.Fatalf("the old data directory was not moved aside: %v", err)
+	}
+	if st, err := check(t, a, false); err != nil || !st.Streaming || st.Timeline != 2 {
+		t.Fatalf("check of the cloned standby: %+v, %v", st, err)
+	}
+	if n := count(t, a, "after"); n != 1 {
+		t.Fatalf("the clone has %d rows of the new primary's table, want 1", n)
+	}
+}

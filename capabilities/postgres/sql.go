@@ -57,13 +57,14 @@ func isCannotConnectNow(err error) bool {
 	return errors.As(err, &pe) && pe.Code == "57P03"
 }
 
-// inRecovery asks the running server whether it is a standby.
+// inRecovery asks the running server whether it is a standby, within
+// timeout in all.
 func (p *Postgres) inRecovery(ctx context.Context, timeout time.Duration) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	var rec bool
 	err := p.withConn(ctx, timeout, func(c *pgx.Conn) error {
-		qctx, cancel := context.WithTimeout(ctx, timeout)
-		defer cancel()
-		return c.QueryRow(qctx, "SELECT pg_is_in_recovery()").Scan(&rec)
+		return c.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&rec)
 	})
 	return rec, err
 }
