@@ -72,7 +72,7 @@ type site struct {
 
 // newSite makes the member of site name whose peer (peerName) listens on
 // peerPort.
-func newSite(t *testing.T, dir, name, peerName string, port, peerPort int, grace time.Duration) *site {
+func newSite(t *testing.T, dir, name, peerName string, port, peerPort int, grace time.Duration, edits ...func(*Config)) *site {
 	t.Helper()
 	cfg := Config{
 		DataDir:     filepath.Join(dir, name, "data"),
@@ -84,6 +84,9 @@ func newSite(t *testing.T, dir, name, peerName string, port, peerPort int, grace
 			"wal_keep_size": "64MB", "log_min_messages": "warning",
 		},
 		KeeperCommand: []string{os.Args[0]},
+	}
+	for _, edit := range edits {
+		edit(&cfg)
 	}
 	if err := os.MkdirAll(filepath.Join(dir, name), 0o755); err != nil {
 		t.Fatal(err)
@@ -113,10 +116,10 @@ func (w testWriter) Write(b []byte) (int, error) {
 }
 
 // newPair makes sites a and b, each the other's peer.
-func newPair(t *testing.T) (a, b *site) {
+func newPair(t *testing.T, edits ...func(*Config)) (a, b *site) {
 	dir := testDir(t)
 	pa, pb := freePort(t), freePort(t)
-	return newSite(t, dir, "site-a", "site-b", pa, pb, 0), newSite(t, dir, "site-b", "site-a", pb, pa, 0)
+	return newSite(t, dir, "site-a", "site-b", pa, pb, 0, edits...), newSite(t, dir, "site-b", "site-a", pb, pa, 0, edits...)
 }
 
 func ctxFor(t *testing.T, d time.Duration) context.Context {
