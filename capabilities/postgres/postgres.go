@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -53,6 +54,11 @@ type Postgres struct {
 
 	checkMu   sync.Mutex // guards checkConn
 	checkConn *pgx.Conn
+
+	// logStart is the server log's size at the last start: what it wrote
+	// since is read for the reasons a standby cannot stream. Only the one
+	// method in flight uses it.
+	logStart int64
 }
 
 var siteRule = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`)
@@ -378,7 +384,7 @@ func (p *Postgres) Rejoin(ctx context.Context, req capability.Request) error {
 			if err := p.disarm(ctx, k); err != nil {
 				return err
 			}
-			return p.waitStreaming(ctx)
+			return p.followOrClone(ctx, k)
 		}
 		p.log.Info("postgres: rejoin: stopping the primary (immediate)")
 		if err := p.stopImmediate(ctx, k); err != nil {
@@ -412,14 +418,67 @@ func (p *Postgres) Rejoin(ctx context.Context, req capability.Request) error {
 			}
 		}
 	}
-	// A clone or a rewind takes what it takes (ctx bounds it); the start
-	// and the wait for streaming have a bound of their own.
+	if err := p.startStandby(ctx); err != nil {
+		return err
+	}
+	return p.followOrClone(ctx, k)
+}
+
+// startStandby starts PostgreSQL as a standby (2 minutes at most when ctx
+// has no deadline; a clone or a rewind before it takes what it takes).
+func (p *Postgres) startStandby(ctx context.Context) error {
 	sctx, cancel := withDefaultTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	if err := p.startServer(sctx, true); err != nil {
 		return fmt.Errorf("rejoin: %w", err)
 	}
-	return p.waitStreaming(sctx)
+	return nil
+}
+
+// followOrClone waits until the running standby streams; if its log says
+// it never will, it clones the leader again.
+func (p *Postgres) followOrClone(ctx context.Context, k *keeperClient) error {
+	err := p.waitStreaming(ctx)
+	if !errors.Is(err, errCannotFollow) {
+		return err
+	}
+	// The leader no longer has the WAL this standby needs (its slot was
+	// invalidated past max_slot_wal_keep_size, or it never had one), or
+	// the histories diverged: only a new copy can follow.
+	p.log.Warn("postgres: rejoin: the standby cannot follow the leader: cloning again", "err", err)
+	if err := p.stopImmediate(ctx, k); err != nil {
+		return err
+	}
+	if err := p.reclone(ctx); err != nil {
+		return err
+	}
+	if err := p.startStandby(ctx); err != nil {
+		return err
+	}
+	return p.waitStreaming(ctx)
+}
+
+// errCannotFollow: the standby's log says it can never stream from the
+// leader as it is.
+var errCannotFollow = errors.New("the standby cannot follow the leader")
+
+// cannotFollow are the server log's messages that mean errCannotFollow.
+var cannotFollow = []string{
+	"has already been removed",                // the WAL it needs is gone from the leader
+	"is not a child of this server's history", // it went past the leader's fork
+	"requested starting point",                // ahead of the leader's flush on the same timeline
+}
+
+// cannotFollowIn returns the line of the server log that says the
+// standby cannot follow, or "".
+func cannotFollowIn(logged string) string {
+	for _, m := range cannotFollow {
+		if i := strings.Index(logged, m); i >= 0 {
+			line, _, _ := strings.Cut(logged[strings.LastIndexByte(logged[:i], '\n')+1:], "\n")
+			return line
+		}
+	}
+	return ""
 }
 
 func withDefaultTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
@@ -553,6 +612,9 @@ func (p *Postgres) waitStreaming(ctx context.Context) error {
 			return nil
 		}
 		last = err
+		if line := cannotFollowIn(tailFrom(filepath.Join(p.run, serverLog), p.logStart)); line != "" {
+			return fmt.Errorf("%w: %s", errCannotFollow, line)
+		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("rejoin: the standby does not stream from %s (WAL receiver %q, %v; see %s/%s): %w", p.cfg.Peer, status, last, p.run, serverLog, ctx.Err())

@@ -648,3 +648,38 @@ func TestRejoinClonesAgainWhenRewindFails(t *testing.T) {
 		t.Fatalf("the clone has %d rows of the new primary's table, want 1", n)
 	}
 }
+
+// The leader removed the WAL a stopped standby needs (its slot exceeded
+// max_slot_wal_keep_size): Rejoin clones it again.
+func TestRejoinClonesAgainWhenTheLeaderRemovedTheWAL(t *testing.T) {
+	needPostgres(t)
+	a, b := newPair(t, func(c *Config) {
+		c.Parameters["max_slot_wal_keep_size"] = "1MB"
+		c.Parameters["wal_keep_size"] = "0"
+	})
+	bootstrap(t, a)
+	if err := b.Rejoin(ctxFor(t, 60*time.Second), req(b, "site-a")); err != nil {
+		t.Fatalf("rejoin by clone: %v", err)
+	}
+	if err := b.stopImmediate(ctxFor(t, 5*time.Second), b.keeper.Load()); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, a, "CREATE TABLE t (v text)")
+	for i := 0; i < 4; i++ {
+		mustExec(t, a, "INSERT INTO t SELECT repeat('x', 1000) FROM generate_series(1, 1000)")
+		mustExec(t, a, "SELECT pg_switch_wal()")
+	}
+	mustExec(t, a, "CHECKPOINT")
+	if n := count(t, a, "pg_replication_slots WHERE slot_name = 'understudy_site_b' AND wal_status = 'lost'"); n != 1 {
+		t.Fatal("the standby's slot was not invalidated: the test proves nothing")
+	}
+	if err := b.Rejoin(ctxFor(t, 60*time.Second), req(b, "site-a")); err != nil {
+		t.Fatalf("rejoin: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(b.cfg.DataDir+".old", "PG_VERSION")); err != nil {
+		t.Fatalf("the old data directory was not moved aside: %v", err)
+	}
+	if n := count(t, b, "t"); n != 4000 {
+		t.Fatalf("the clone has %d rows, want 4000", n)
+	}
+}

@@ -346,6 +346,7 @@ func (p *Postgres) startServer(ctx context.Context, standby bool) error {
 		return err
 	}
 	logStart, _ := fileSize(logPath)
+	p.logStart = logStart
 	uid := p.cfg.uid
 	pid, err := k.start(ctx, keeperRequest{
 		Argv: p.argv(standby), Dir: p.cfg.DataDir, Log: logPath,
