@@ -314,16 +314,35 @@ func (p *Postgres) Promote(ctx context.Context, req capability.Request) error {
 }
 
 // initdb creates the cluster: data checksums (pg_rewind needs them or
-// wal_log_hints), UTF8, the configured superuser.
+// wal_log_hints), UTF8, the configured superuser. It runs in a sibling
+// directory renamed into place, so that an interrupted initdb leaves the
+// data directory empty rather than half made.
 func (p *Postgres) initdb(ctx context.Context) error {
-	if err := p.makeEmptyDataDir(); err != nil {
+	if err := p.makeParent(); err != nil {
 		return err
 	}
+	tmp := p.cfg.DataDir + ".initdb"
+	if err := os.RemoveAll(tmp); err != nil {
+		return fmt.Errorf("bootstrap: remove %s: %w", tmp, err)
+	}
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return fmt.Errorf("bootstrap: %w", err)
+	}
+	if err := p.owned(tmp); err != nil {
+		return fmt.Errorf("bootstrap: %w", err)
+	}
 	p.log.Info("postgres: bootstrap: initdb", "data_dir", p.cfg.DataDir)
-	_, err := p.runTool(ctx, "initdb", nil, "-D", p.cfg.DataDir, "-U", p.cfg.Superuser,
+	_, err := p.runTool(ctx, "initdb", nil, "-D", tmp, "-U", p.cfg.Superuser,
 		"--data-checksums", "--encoding=UTF8", "--locale=C", "--auth-local=trust", "--auth-host=scram-sha-256")
 	if err != nil {
 		return fmt.Errorf("bootstrap: %w", err)
+	}
+	// The data directory is missing or empty (inspectData said so).
+	if err := os.Remove(p.cfg.DataDir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("bootstrap: %w", err)
+	}
+	if err := os.Rename(tmp, p.cfg.DataDir); err != nil {
+		return fmt.Errorf("bootstrap: move the new cluster into place: %w", err)
 	}
 	return nil
 }
