@@ -16,6 +16,15 @@ func (s *sim) faultStart(i int) {
 	if !f.instant() {
 		delta = 1
 	}
+	if s.db != nil {
+		s.dbFault(f, 1)
+	}
+	if f.Kind == FaultReplCut || f.Kind == FaultReplLag {
+		// A fault of the databases, not of the members or NATS: the calm
+		// periods go on (database.go).
+		s.push(item{at: f.At + f.For, kind: evFaultEnd, ref: int32(i)})
+		return
+	}
 	s.inv.faultEvent(s, scope, delta)
 	switch {
 	case f.Kind == FaultIsolate:
@@ -72,6 +81,12 @@ func (s *sim) faultStart(i int) {
 func (s *sim) faultEnd(i int) {
 	f := s.faults[i]
 	s.tracef("fault", "%s ends", f)
+	if s.db != nil {
+		s.dbFault(f, -1)
+	}
+	if f.Kind == FaultReplCut || f.Kind == FaultReplLag {
+		return
+	}
 	s.inv.faultEvent(s, s.scope(f.Site), -1)
 	if f.Kind == FaultIsolate {
 		s.isolate(f.Site, -1)

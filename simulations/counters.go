@@ -44,6 +44,19 @@ const (
 	cProposalLate                           // a leader regained its quorum and committed a proposal late
 	cStaleRead                              // the register read after a conflict was older than the server's
 	cWatchLagged                            // a watch delivery came late from a lagging server
+	// Database mode (database.go).
+	cDBBootstrapped     // a database was created from nothing (bootstrap)
+	cDBCloned           // a rejoin cloned an empty database from the leader
+	cDBRewound          // a rejoin rewound a diverged database onto the leader's history
+	cDBRejoinFailed     // a rejoin failed (leader unreachable, link cut, fault)
+	cDBPromoteEmpty     // a promote step refused an empty database (no bootstrap)
+	cDBWithheld         // a follower withheld its promotion (lag limit, synchronous)
+	cDBCommitWaited     // a commit waited for the standby (synchronous)
+	cDBSyncOn           // a leader's register said its commits wait for the standby
+	cDBSyncOff          // ... and later that they stopped waiting
+	cDBLossWithinLimit  // an asynchronous promotion lost acknowledged commits within what the rules allow
+	cDBStandbyFenced    // a fence found a standby and left it streaming
+	cDBFailbackStreamed // a failback went to a streaming standby of the leader
 	numCounters
 )
 
@@ -86,6 +99,18 @@ var counterNames = [numCounters]string{
 	cProposalLate:          "proposal-committed-at-heal",
 	cStaleRead:             "stale-register-read",
 	cWatchLagged:           "watch-lagged",
+	cDBBootstrapped:        "db-bootstrapped",
+	cDBCloned:              "db-cloned",
+	cDBRewound:             "db-rewound",
+	cDBRejoinFailed:        "db-rejoin-failed",
+	cDBPromoteEmpty:        "db-promote-refused-empty",
+	cDBWithheld:            "db-promotion-withheld",
+	cDBCommitWaited:        "db-commit-waited-for-standby",
+	cDBSyncOn:              "db-synchronous-on",
+	cDBSyncOff:             "db-synchronous-off",
+	cDBLossWithinLimit:     "db-async-loss-within-limit",
+	cDBStandbyFenced:       "db-standby-fenced-kept-streaming",
+	cDBFailbackStreamed:    "db-failback-to-streaming-standby",
 }
 
 func (c counterID) String() string { return counterNames[c] }

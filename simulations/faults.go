@@ -57,9 +57,16 @@ const (
 	// FaultLeader moves the stream leader of the assets to a site (a
 	// planned leader transfer; at 0s: where it starts).
 	FaultLeader
+	// FaultReplCut cuts the replication link of a site's database (database
+	// mode only): a standby there stops receiving, a primary there loses
+	// its standby, a rejoin through it fails.
+	FaultReplCut
+	// FaultReplLag keeps a site's standby Bytes behind its primary while it
+	// streams (database mode only).
+	FaultReplLag
 )
 
-var faultNames = [...]string{"", "partition", "stall", "loss", "latency", "crash", "powercut", "pause", "jump", "serverclock", "proc", "switchover", "isolate", "watchlag", "leader"}
+var faultNames = [...]string{"", "partition", "stall", "loss", "latency", "crash", "powercut", "pause", "jump", "serverclock", "proc", "switchover", "isolate", "watchlag", "leader", "replcut", "repllag"}
 
 func (k FaultKind) String() string {
 	if k <= 0 || int(k) >= len(faultNames) {
@@ -137,6 +144,12 @@ type Fault struct {
 	Loss  int                 // per mille, FaultLoss
 	Chain procedure.ChainKind // FaultProc
 	Mode  ProcMode            // FaultProc
+	Bytes uint64              // FaultReplLag
+}
+
+// dbOnly reports whether the fault exists only in database mode.
+func (f Fault) dbOnly() bool {
+	return f.Kind == FaultReplCut || f.Kind == FaultReplLag || (f.Kind == FaultProc && f.Chain == procedure.ChainRejoin)
 }
 
 // instant reports whether the fault happens at one moment (no duration).
@@ -164,8 +177,10 @@ func (f Fault) String() string {
 		args(f.Site, formatPermille(f.Loss))
 	case FaultLatency:
 		args(f.Site, f.Dir.String(), f.Value.String())
-	case FaultCrash, FaultPowerCut, FaultPause, FaultSwitchover, FaultIsolate, FaultLeader:
+	case FaultCrash, FaultPowerCut, FaultPause, FaultSwitchover, FaultIsolate, FaultLeader, FaultReplCut:
 		args(f.Site)
+	case FaultReplLag:
+		args(f.Site, formatBytes(f.Bytes))
 	case FaultWatchLag:
 		args(f.Site, f.Value.String())
 	case FaultJump:
@@ -186,6 +201,33 @@ func (f Fault) String() string {
 		b.WriteString(f.For.String())
 	}
 	return b.String()
+}
+
+// formatBytes writes a byte count as the --faults syntax reads it: 2MiB,
+// 512KiB or 1000.
+func formatBytes(b uint64) string {
+	switch {
+	case b != 0 && b%(1<<20) == 0:
+		return strconv.FormatUint(b>>20, 10) + "MiB"
+	case b != 0 && b%(1<<10) == 0:
+		return strconv.FormatUint(b>>10, 10) + "KiB"
+	}
+	return strconv.FormatUint(b, 10)
+}
+
+func parseBytes(s string) (uint64, error) {
+	mult := uint64(1)
+	switch {
+	case strings.HasSuffix(s, "MiB"):
+		s, mult = strings.TrimSuffix(s, "MiB"), 1<<20
+	case strings.HasSuffix(s, "KiB"):
+		s, mult = strings.TrimSuffix(s, "KiB"), 1<<10
+	}
+	v, err := strconv.ParseUint(s, 10, 64)
+	if err != nil || v == 0 || v > (1<<40)/mult {
+		return 0, fmt.Errorf("want a positive byte count such as 2MiB, 512KiB or 4096")
+	}
+	return v * mult, nil
 }
 
 func formatPermille(p int) string {
@@ -215,6 +257,10 @@ func FormatFaults(fs []Fault) string {
 //	proc(SITE,fence|promote|demote,fail|hang|slow|fail-all)@AT+FOR
 //	isolate(SITE|witness)@AT+FOR          watchlag(SITE,DUR)@AT+FOR
 //	leader(SITE|witness)@AT
+//	replcut(SITE)@AT+FOR                  repllag(SITE,BYTES)@AT+FOR
+//	proc(SITE,rejoin,fail|hang|slow)@AT+FOR
+//
+// replcut, repllag and rejoin faults need the database mode (db-* scenarios).
 //
 // AT and FOR are Go durations (12.5s, 1m30s). Without +FOR a crash or
 // power cut is permanent. The result is sorted by time.
@@ -379,12 +425,23 @@ func parseFault(raw, primary, replica string) (Fault, error) {
 		}
 		f.Site, err = site(a[0], false)
 		return f, err
-	case FaultIsolate:
+	case FaultIsolate, FaultReplCut:
 		if err := want(1, "SITE"); err != nil {
 			return f, err
 		}
 		if f.Site, err = site(a[0], false); err != nil {
 			return f, err
+		}
+		return f, needFor()
+	case FaultReplLag:
+		if err := want(2, "SITE,BYTES"); err != nil {
+			return f, err
+		}
+		if f.Site, err = site(a[0], false); err != nil {
+			return f, err
+		}
+		if f.Bytes, err = parseBytes(a[1]); err != nil {
+			return f, fmt.Errorf("lag %q: %w", a[1], err)
 		}
 		return f, needFor()
 	case FaultWatchLag:
@@ -418,7 +475,7 @@ func parseFault(raw, primary, replica string) (Fault, error) {
 		}
 		return f, nil
 	case FaultProc:
-		if err := want(3, "SITE,fence|promote|demote,fail|hang|slow|fail-all"); err != nil {
+		if err := want(3, "SITE,fence|promote|demote|rejoin,fail|hang|slow|fail-all"); err != nil {
 			return f, err
 		}
 		if f.Site, err = site(a[0], false); err != nil {
@@ -431,8 +488,10 @@ func parseFault(raw, primary, replica string) (Fault, error) {
 			f.Chain = procedure.ChainPromote
 		case "demote":
 			f.Chain = procedure.ChainDemote
+		case "rejoin":
+			f.Chain = procedure.ChainRejoin
 		default:
-			return f, fmt.Errorf("chain %q: want fence, promote or demote", a[1])
+			return f, fmt.Errorf("chain %q: want fence, promote, demote or rejoin", a[1])
 		}
 		m := ProcMode(slices.Index(procModeNames[:], a[2]))
 		if m <= 0 {

@@ -204,6 +204,10 @@ func (v *invariants) registerWritten(s *sim, n *node, w *failover.Write, res wri
 // servingChanged runs whenever a database starts or stops serving.
 func (v *invariants) servingChanged(s *sim, n *node) {
 	o := s.other(n)
+	if n.serving && s.db != nil {
+		s.dbWithholds(n, false)
+		s.dbWithholds(o, false)
+	}
 	if n.serving {
 		if o.serving {
 			s.violate(InvSplitBrain, "%s serving since %.3fs and %s serving since %.3fs: both at once",
@@ -326,6 +330,9 @@ func (v *invariants) checkArm(s *sim) {
 func (v *invariants) step(s *sim) {
 	a, b := s.nodes[0], s.nodes[1]
 	for _, n := range s.nodes {
+		if s.dbWithheld(n) {
+			n.db.excusedAt = s.now // the liveness bounds count from the end of a withheld promotion
+		}
 		if n.jumpUntil != 0 && s.now > n.jumpUntil {
 			if n.wins == n.jumpWins {
 				s.count(cJumpNoPromotion)
@@ -349,10 +356,10 @@ func (v *invariants) step(s *sim) {
 	if v.gap && !v.standbyReport && !v.calm() && v.active[scopeNATS] == 0 {
 		for _, st := range s.nodes {
 			h := s.other(st)
-			if !st.alive || st.paused || v.active[st.idx] > 0 || !h.alive {
+			if !st.alive || st.paused || v.active[st.idx] > 0 || !h.alive || s.dbWithheld(st) {
 				continue
 			}
-			since := max(v.gapStart, v.lastChange[st.idx], v.lastChange[scopeNATS], h.lastAvailUnfenced, h.lastAcquired)
+			since := max(v.gapStart, v.lastChange[st.idx], v.lastChange[scopeNATS], h.lastAvailUnfenced, h.lastAcquired, st.db.excusedAt)
 			if s.now > since+s.standbyBound {
 				v.standbyReport = true
 				s.violate(InvUnavailableStandby, "nobody has served since %.3fs; %s and NATS have been free of faults since %.3fs and %s's last unfenced register write sent while serving landed at %.3fs, yet %s has not taken over within the bound %v",
@@ -361,8 +368,8 @@ func (v *invariants) step(s *sim) {
 		}
 	}
 	up := func(n *node) bool { return n.alive || n.halted } // a stopped member's process runs on
-	if !a.serving && !b.serving && up(a) && up(b) && v.calm() && !v.unavailReport {
-		since := max(v.lastStop, v.lastChange[0], v.lastChange[1], v.lastChange[scopeNATS])
+	if !a.serving && !b.serving && up(a) && up(b) && v.calm() && !v.unavailReport && !s.dbWithheld(a) && !s.dbWithheld(b) {
+		since := max(v.lastStop, v.lastChange[0], v.lastChange[1], v.lastChange[scopeNATS], a.db.excusedAt, b.db.excusedAt)
 		if s.now > since+s.settle {
 			v.unavailReport = true
 			s.violate(InvUnavailable, "every fault cleared by %.3fs and both members run, yet nobody has served since %.3fs (settle bound %v)",
@@ -382,10 +389,10 @@ func (v *invariants) step(s *sim) {
 		s.count(cDeadReplaced)
 		v.armed = false
 		return
-	case v.reported || !surv.alive || v.active[surv.idx] > 0 || v.active[scopeNATS] > 0:
+	case v.reported || !surv.alive || v.active[surv.idx] > 0 || v.active[scopeNATS] > 0 || s.dbWithheld(surv):
 		return
 	}
-	start := max(v.armedAt, d.downAt, d.lastLanded, v.lastChange[surv.idx], v.lastChange[scopeNATS])
+	start := max(v.armedAt, d.downAt, d.lastLanded, v.lastChange[surv.idx], v.lastChange[scopeNATS], surv.db.excusedAt)
 	if s.now > start+s.bound {
 		v.reported = true
 		s.violate(InvDeadNotReplaced, "the register names %s, dead since %.3fs (its last register write landed at %.3fs); %s and NATS healthy since %.3fs, yet %s does not serve after the bound %v",

@@ -110,7 +110,10 @@ type node struct {
 
 	pending     [16]pendingWrite
 	pendingNext int
-	proc        [4][5]int // procedure faults in force, by chain kind and mode
+	proc        [procedure.ChainSync + 1][5]int // procedure faults in force, by chain kind and mode
+
+	// The replicating database (database mode only, see database.go).
+	db database
 
 	// Invariant bookkeeping.
 	wsStart           time.Duration // writes issued in the window starting here
@@ -282,6 +285,9 @@ func (s *sim) crash(n *node, power bool) {
 	}
 	n.halted = false
 	s.stopMember(n)
+	if s.db != nil {
+		s.dbGone(n, true)
+	}
 }
 
 // halt stops a node's member for good while its process runs on: the
@@ -291,6 +297,9 @@ func (s *sim) crash(n *node, power bool) {
 func (s *sim) halt(n *node) {
 	s.stopMember(n)
 	n.halted = true
+	if s.db != nil {
+		s.dbGone(n, false)
+	}
 }
 
 func (s *sim) stopMember(n *node) {
@@ -429,7 +438,19 @@ func (s *sim) onMemberEvent(n *node, ev events.Event) {
 		s.count(cLeadershipLost)
 	case *failover.DemotionRequested:
 		s.inv.demoteAt = s.now
+		if s.db != nil && e.Reason == failover.DemoteFailback {
+			s.inv.dbFailback(s, n, e.Handoff)
+		}
 	case *failover.FenceFailed:
 		s.count(cFenceRetried)
+	case *failover.PromotionWithheld:
+		s.dbWithholds(n, true)
+		s.count(cDBWithheld)
+	case *failover.AcquireAttempted:
+		if s.db != nil {
+			s.dbWithholds(n, false)
+		}
+	case *failover.RejoinFailed:
+		s.count(cDBRejoinFailed)
 	}
 }

@@ -20,6 +20,8 @@ const (
 	evAppendRetry                     // an appender's backoff after a failed attempt is over (node, ref = stream, gen = attempt)
 	evElection                        // a leader without quorum has been silent for the election timeout (gen)
 	evEnd                             // the run is over
+	evCommit                          // database mode: the writer commits on whatever serves
+	evDBDone                          // database mode: a workload call (check, rejoin, sync) ends (node, gen = call id, ref = 1 for a check)
 )
 
 // item is one entry of the event queue: ordered by (at, seq). It holds no

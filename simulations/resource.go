@@ -129,6 +129,11 @@ func (s *sim) stepDone(n *node, it item) {
 	}
 	if !m.effect {
 		m.effect = true
+		if m.run == n.curRun && m.outcome.Result == procedure.ResultOK && s.db != nil {
+			if ok, detail := s.dbStepEffect(n, m.chain); !ok {
+				m.outcome = procedure.Outcome{Result: procedure.ResultFailed, ExitCode: 1, Detail: detail}
+			}
+		}
 		if m.run == n.curRun && m.outcome.Result == procedure.ResultOK {
 			switch m.chain {
 			case procedure.ChainFence, procedure.ChainDemote:

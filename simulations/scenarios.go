@@ -1,6 +1,7 @@
 package simulations
 
 import (
+	"cmp"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -23,6 +24,12 @@ type Scenario struct {
 	Forbidden []counterID
 	// AutoOnly are required only with failback: auto.
 	AutoOnly []counterID
+	// Database: each node's resource is a replicating database and a
+	// writer commits on whatever serves (database.go); the members run
+	// with Options{Rejoin, Positions, Synchronizer}. Synchronous, when
+	// set, replaces synchronous: off in the rules.
+	Database    bool
+	Synchronous failover.Synchronous
 }
 
 func (sc *Scenario) required(r failover.Rules) [numCounters]bool {
@@ -290,6 +297,93 @@ var scenarios = []*Scenario{
 		Duration: time.Hour,
 		Schedule: RandomSchedule,
 	},
+	{
+		Name: "db-crashed-primary-failback", Summary: "database mode: the primary's node crashes, the replica takes over; the old primary returns with its database down and its rejoin failing for a while: no failback until it streams again (rewound)",
+		Duration: 4 * time.Minute, Database: true,
+		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+			at := between(r, 30*time.Second, 40*time.Second)
+			back := between(r, 20*time.Second, 40*time.Second)
+			return []Fault{
+				{Kind: FaultCrash, Site: rl.Primary, At: at, For: back},
+				{Kind: FaultProc, Site: rl.Primary, Chain: procedure.ChainRejoin, Mode: ProcFail, At: at + back - time.Second, For: between(r, 20*time.Second, 40*time.Second)},
+			}
+		},
+		Required: []counterID{cFailover, cRestartFenced, cDBCloned, cDBRejoinFailed, cDBRewound},
+		AutoOnly: []counterID{cFailback, cDBFailbackStreamed},
+	},
+	{
+		Name: "db-lagging-replica", Summary: "database mode: the replica falls behind by twice maximum_lag_on_failover, then the primary loses power: the replica withholds its promotion (no failover); the primary returns and resumes",
+		Duration: 4 * time.Minute, Database: true,
+		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+			at := between(r, 20*time.Second, 30*time.Second)
+			cut := at + between(r, 30*time.Second, 50*time.Second)
+			return []Fault{
+				{Kind: FaultReplLag, Site: rl.Replica, Bytes: max(2*rl.MaxLagOnFailover, 1<<20), At: at, For: d - at},
+				{Kind: FaultPowerCut, Site: rl.Primary, At: cut, For: between(r, 40*time.Second, 80*time.Second)},
+			}
+		},
+		Required:  []counterID{cDBCloned, cDBWithheld, cRestartFenced, cResumed},
+		Forbidden: []counterID{cFailover},
+	},
+	{
+		Name: "db-synchronous", Summary: "database mode, synchronous: on: the replica's replication link flaps and members crash at random times; no acknowledged commit may be lost",
+		Duration: 6 * time.Minute, Database: true, Synchronous: failover.SyncOn,
+		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+			var out []Fault
+			flaps := func(from, to time.Duration) {
+				for t := from + between(r, 0, 5*time.Second); t < to; t += between(r, 8*time.Second, 25*time.Second) {
+					out = append(out, Fault{Kind: FaultReplCut, Site: rl.Replica, At: t, For: between(r, time.Second, 6*time.Second)})
+				}
+			}
+			// The first crash comes after a quiet stretch: the register
+			// says the commits wait, and the replica takes over.
+			flaps(15*time.Second, 60*time.Second)
+			first := between(r, 80*time.Second, 95*time.Second)
+			out = append(out, Fault{Kind: FaultCrash, Site: rl.Primary, At: first, For: between(r, 10*time.Second, 30*time.Second)})
+			flaps(first+40*time.Second, d-20*time.Second)
+			for t := first + between(r, 60*time.Second, 90*time.Second); t < d-40*time.Second; t += between(r, 60*time.Second, 90*time.Second) {
+				site := []string{rl.Primary, rl.Replica}[r.IntN(2)]
+				out = append(out, Fault{Kind: FaultCrash, Site: site, At: t, For: between(r, 5*time.Second, 30*time.Second)})
+			}
+			slices.SortStableFunc(out, func(a, b Fault) int { return cmp.Compare(a.At, b.At) })
+			return out
+		},
+		Required: []counterID{cFailover, cDBSyncOn, cDBSyncOff, cDBCommitWaited},
+	},
+	{
+		Name: "db-random", Summary: "database mode: random's schedule plus replication cuts, replication lag and failing rejoins (synchronous as the rules say: off by default)",
+		Duration: 20 * time.Minute, Database: true,
+		Schedule: dbRandomSchedule,
+	},
+	{
+		Name: "db-random-sync", Summary: "db-random with synchronous: on",
+		Duration: 20 * time.Minute, Database: true, Synchronous: failover.SyncOn,
+		Schedule: dbRandomSchedule,
+	},
+}
+
+// dbRandomSchedule is RandomSchedule plus faults of the databases, about
+// one a minute: replication cuts, lag (within and beyond the limit) and
+// failing, hanging or slow rejoins.
+func dbRandomSchedule(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+	out := RandomSchedule(r, rl, d)
+	sites := []string{rl.Primary, rl.Replica}
+	lim := max(rl.MaxLagOnFailover, 1<<16)
+	for t := between(r, 10*time.Second, 60*time.Second); t < d-10*time.Second; t += between(r, 20*time.Second, 100*time.Second) {
+		site := sites[r.IntN(2)]
+		switch w := r.IntN(9); {
+		case w < 4:
+			out = append(out, Fault{Kind: FaultReplCut, Site: site, At: t, For: between(r, time.Second, 3*rl.FailoverTimeout)})
+		case w < 7:
+			b := []uint64{lim / 16, lim / 2, 2 * lim, 8 * lim}[r.IntN(4)]
+			out = append(out, Fault{Kind: FaultReplLag, Site: site, Bytes: b, At: t, For: between(r, 5*time.Second, 2*time.Minute)})
+		default:
+			mode := []ProcMode{ProcFail, ProcHang, ProcSlow}[r.IntN(3)]
+			out = append(out, Fault{Kind: FaultProc, Site: site, Chain: procedure.ChainRejoin, Mode: mode, At: t, For: between(r, 10*time.Second, time.Minute)})
+		}
+	}
+	slices.SortStableFunc(out, func(a, b Fault) int { return cmp.Compare(a.At, b.At) })
+	return out
 }
 
 // Scenarios returns the catalogue.

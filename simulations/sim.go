@@ -236,6 +236,7 @@ type sim struct {
 	regKnown bool
 
 	inv  invariants
+	db   *dbWorld // the replicating databases (nil: database mode off)
 	spec procedure.Spec
 	// Derived bounds (see invariants.go).
 	maxLat       time.Duration
@@ -293,8 +294,19 @@ func newSim(cfg Config) (*sim, error) {
 	if cfg.Fsync == 0 {
 		cfg.Fsync = FsyncAlways
 	}
+	opts := failover.Options{AllowUnsafe: cfg.AllowUnsafe}
+	if sc.Database {
+		// The member drives a replicating database: it rejoins, checks and
+		// publishes positions, and can make commits wait (database.go).
+		opts.Rejoin, opts.Positions, opts.Synchronizer = true, true, true
+		if sc.Synchronous != 0 && rules.Synchronous <= failover.SyncOff {
+			rules.Synchronous = sc.Synchronous
+		}
+	} else if rules.Synchronous == failover.SyncOn || rules.Synchronous == failover.SyncStrict {
+		return nil, fmt.Errorf("synchronous: %s needs a replicating database: run a db-* scenario (see --list)", rules.Synchronous)
+	}
 	s := &sim{
-		cfg: cfg, sc: sc, rules: rules, opts: failover.Options{AllowUnsafe: cfg.AllowUnsafe},
+		cfg: cfg, sc: sc, rules: rules, opts: opts,
 		end: cfg.Duration, codec: NewCodec(), tw: cfg.Trace, log: cfg.Logger,
 	}
 	if s.log == nil {
@@ -332,17 +344,22 @@ func newSim(cfg Config) (*sim, error) {
 			return nil, fmt.Errorf("fault %s: only crash and powercut apply to nats", f)
 		case f.Site != NATS && !rules.Has(f.Site):
 			return nil, fmt.Errorf("fault %s: site %q is not a member of pair %s", f, f.Site, rules.Pair)
-		case f.Kind == FaultProc && (f.Chain < procedure.ChainFence || f.Chain > procedure.ChainDemote || f.Mode < ProcFail || f.Mode > ProcFailAll):
-			return nil, fmt.Errorf("fault %s: want a fence, promote or demote chain and a mode", f)
-		case f.Kind < FaultPartition || f.Kind > FaultLeader || f.At < 0 || f.For < 0:
+		case f.Kind == FaultProc && (f.Chain < procedure.ChainFence || (f.Chain > procedure.ChainDemote && f.Chain != procedure.ChainRejoin) || f.Mode < ProcFail || f.Mode > ProcFailAll):
+			return nil, fmt.Errorf("fault %s: want a fence, promote, demote or rejoin chain and a mode", f)
+		case f.dbOnly() && !sc.Database:
+			return nil, fmt.Errorf("fault %s: needs the database mode: run a db-* scenario (see --list)", f)
+		case f.Kind < FaultPartition || f.Kind > FaultReplLag || f.At < 0 || f.For < 0:
 			return nil, fmt.Errorf("fault %s: invalid", f)
-		case (f.Kind == FaultPause || f.Kind == FaultIsolate || f.Kind == FaultWatchLag) && f.For <= 0:
+		case (f.Kind == FaultPause || f.Kind == FaultIsolate || f.Kind == FaultWatchLag || f.Kind == FaultReplCut || f.Kind == FaultReplLag) && f.For <= 0:
 			return nil, fmt.Errorf("fault %s: needs a duration", f)
 		}
 		s.push(item{at: f.At, kind: evFaultStart, ref: int32(i)})
 	}
 	s.aux = make([]faultAux, len(s.faults))
 	s.inv.init(s)
+	if sc.Database {
+		s.initDB()
+	}
 	for _, n := range s.nodes {
 		s.push(item{at: time.Duration(n.rng.Int64N(int64(50 * time.Millisecond))), kind: evRestart, node: int8(n.idx)})
 	}
@@ -476,6 +493,10 @@ func (s *sim) dispatch(it item) {
 		}
 	case evServerUp:
 		s.serverUp()
+	case evCommit:
+		s.dbCommit()
+	case evDBDone:
+		s.dbDone(s.nodes[it.node], it)
 	}
 }
 
@@ -513,6 +534,9 @@ func (s *sim) handle(n *node, r failover.Ready) {
 		s.sendWrite(n, &r.Writes[i])
 	}
 	for _, p := range r.Procedures {
+		if s.db != nil && s.dbProcedure(n, p) {
+			continue
+		}
 		s.handleOut(n, n.runner.Run(n.clk.local(s.now), procedure.ChainKind(p.Kind), p.Seq))
 	}
 }
@@ -682,6 +706,10 @@ func (s *sim) serverWrite(n *node, ref int32) {
 				n.lastAvailUnfenced = s.now // sent while it served
 			}
 			s.registerLanded(n, w, res.rev, m.sent)
+			if s.db != nil {
+				s.inv.dbRegisterWritten(s, n, w)
+				s.dbRegisterLanded(n, w)
+			}
 			s.inv.registerWritten(s, n, w, res)
 			s.reg, s.regRev, s.regTime, s.regKnown = w.Leader, res.rev, res.ts, true
 			s.refreshViews()

@@ -12,6 +12,9 @@ import (
 
 // SwarmConfig runs many seeds of the random scenario.
 type SwarmConfig struct {
+	// Scenario is the scenario each seed runs: "" for random; db-random
+	// and db-random-sync swarm the database mode.
+	Scenario  string
 	Seeds     int
 	FirstSeed uint64
 	Duration  time.Duration // per seed; default 10 minutes
@@ -65,7 +68,11 @@ func (c SwarmConfig) SeedConfig(seed uint64) Config {
 	if d <= 0 {
 		d = 10 * time.Minute
 	}
-	return Config{Scenario: "random", Seed: seed, Duration: d, Rules: c.Rules, AllowUnsafe: c.AllowUnsafe, Fsync: c.Fsync}
+	sc := c.Scenario
+	if sc == "" {
+		sc = "random"
+	}
+	return Config{Scenario: sc, Seed: seed, Duration: d, Rules: c.Rules, AllowUnsafe: c.AllowUnsafe, Fsync: c.Fsync}
 }
 
 // Swarm runs c.Seeds independent simulations on c.Workers goroutines (each
