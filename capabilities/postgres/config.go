@@ -43,6 +43,11 @@ type Config struct {
 	// understudy manages are refused (see managedParameters); a few it
 	// only defaults may be overridden (see defaultParameters).
 	Parameters map[string]string `yaml:"parameters"`
+	// HBA are pg_hba.conf lines appended after understudy's own (which
+	// admit only the superuser over the private socket and the replication
+	// user over TCP): how applications connect, e.g.
+	// "hostssl app app 10.0.0.0/8 scram-sha-256".
+	HBA []string `yaml:"hba"`
 	// Watchdog is an optional Linux watchdog device (/dev/watchdog) the
 	// keeper pets while PostgreSQL may accept writes. Without it, only
 	// understudy's own keeper process guards against a paused node.
@@ -220,6 +225,15 @@ func (c *Config) Validate(field string) error {
 		}
 		if strings.ContainsRune(value, 0) {
 			return bad("parameters."+name, "must not contain a NUL byte", "")
+		}
+	}
+	for i, line := range c.HBA {
+		f := strings.Fields(line)
+		switch {
+		case strings.ContainsAny(line, "\n\r\x00"):
+			return bad("hba["+strconv.Itoa(i)+"]", "one pg_hba.conf line: no line breaks or NUL", strconv.Quote(line))
+		case len(f) < 4 || strings.HasPrefix(f[0], "#"):
+			return bad("hba["+strconv.Itoa(i)+"]", "a pg_hba.conf rule: type, database, user, [address,] method", strconv.Quote(line))
 		}
 	}
 	binKey := "version"

@@ -596,6 +596,8 @@ func TestValidate(t *testing.T) {
 		{"half tls", func(c *Config) { c.TLS.CA = "/x" }, "p.tls", "together"},
 		{"unknown user", func(c *Config) { c.RunAs = "no-such-user-here" }, "p.run_as", "no such OS user"},
 		{"root", func(c *Config) { c.RunAs = "root" }, "p.run_as", "refuses to run as root"},
+		{"hba line break", func(c *Config) { c.HBA = []string{"host all all 0/0 trust\nlocal all all trust"} }, "p.hba[0]", "no line breaks"},
+		{"hba not a rule", func(c *Config) { c.HBA = []string{"host all"} }, "p.hba[0]", "type, database, user"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := base()

@@ -208,6 +208,9 @@ func (p *Postgres) hba() string {
 	fmt.Fprintf(&b, "local replication %s trust\n", p.cfg.Superuser)
 	fmt.Fprintf(&b, "%s replication %s all %s\n", host, p.cfg.Replication.User, method)
 	fmt.Fprintf(&b, "%s postgres %s all %s\n", host, p.cfg.Replication.User, method)
+	for _, line := range p.cfg.HBA {
+		b.WriteString(line + "\n")
+	}
 	return b.String()
 }
 
