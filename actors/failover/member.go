@@ -1068,6 +1068,12 @@ func (m *Member) maybeRejoin() {
 	if m.rejoinTo == v.Site && m.rejoinTerm == v.Term {
 		return
 	}
+	if m.now-m.leaderSeenAt > 2*m.rules.HeartbeatTimeout && m.rejoinFor == "" {
+		// The leader has gone quiet: following it cannot work, and a
+		// rejoin in flight (a restart of the standby) would only slow the
+		// promotion that may come.
+		return
+	}
 	if m.rejoinFor != "" && m.procKind == ProcRejoin {
 		if m.rejoinFor == v.Site {
 			return // in flight
