@@ -25,6 +25,7 @@ func TestSameSeedSameDigest(t *testing.T) {
 		{Scenario: "random", Seed: 42, Duration: 20 * time.Minute},
 		{Scenario: "failed-fence", Seed: 7},
 		{Scenario: "nats-outage", Seed: 3, Fsync: FsyncInterval},
+		{Scenario: "db-synchronous", Seed: 2},
 	}
 	prev := runtime.GOMAXPROCS(1)
 	defer runtime.GOMAXPROCS(prev)
