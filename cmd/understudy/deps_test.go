@@ -28,6 +28,8 @@ var allowedInternal = map[string][]string{
 	// The real partition suite drives the built binaries and nats-server
 	// processes: it imports nothing of the module (docs/partitions.md).
 	"partition": {"partition"},
+	// The real PostgreSQL pair suite, likewise (pgsuite/doc.go).
+	"pgsuite": {"pgsuite"},
 }
 
 // Third-party imports forbidden per folder (prefix match).
