@@ -561,6 +561,14 @@ func (p *Postgres) rewind(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("rejoin: %w", err)
 	}
+	if strings.Contains(out, "source and target cluster are on the same timeline") {
+		// pg_rewind compares timelines only. Data that last ran as a
+		// primary on the leader's own timeline was started as one
+		// without a promotion (by hand, behind understudy's back): its
+		// WAL diverges from the leader's at the same positions, and a
+		// standby started on it streams with both histories mixed.
+		return fmt.Errorf("rejoin: this former primary ran on the leader's timeline (%s): its history diverged where pg_rewind cannot see it", strings.ReplaceAll(strings.TrimSpace(out), "\n", "; "))
+	}
 	p.log.Info("postgres: pg_rewind done", "took", time.Since(start).Round(time.Millisecond), "output", strings.ReplaceAll(strings.TrimSpace(out), "\n", "; "))
 	return nil
 }
