@@ -454,6 +454,9 @@ func (s *sim) dbStatus(n *node, serving bool) capability.Status {
 	case capability.RolePrimary:
 		st.Flush = d.pos
 		st.PeerStreaming = s.dbStreaming(s.other(n), n)
+		if st.PeerStreaming {
+			st.PeerFlush = s.other(n).db.pos
+		}
 		st.SynchronousSet = d.syncSet
 		st.PeerSynchronous = st.PeerStreaming && d.syncSet
 		if !serving {

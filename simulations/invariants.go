@@ -345,6 +345,11 @@ func (v *invariants) step(s *sim) {
 		switch {
 		case t.serving || (s.regKnown && s.reg.Site == t.site) || !t.alive || v.lastChange[t.idx] > v.hoSince || v.lastChange[scopeNATS] > v.hoSince || v.active[scopeNATS] > 0:
 			v.hoArmed = false
+		case s.dbWithheld(t):
+			// An unplanned handoff (failed promotion or checks) to a member
+			// the lag or synchronous rule forbids to take it: waiting is what
+			// the rules want.
+			v.hoArmed = false
 		case s.now > v.hoAt+s.hoBound:
 			v.hoArmed = false
 			if s.cleanLink(t) {

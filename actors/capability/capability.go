@@ -138,6 +138,9 @@ type Status struct {
 	// and commits wait for it (synchronous standby).
 	PeerStreaming   bool
 	PeerSynchronous bool
+	// PeerFlush: a primary's view of how far its peer has flushed the log
+	// it sent (0: not connected).
+	PeerFlush LSN
 	// SynchronousSet: a primary is configured to wait for its peer (it may
 	// not be connected).
 	SynchronousSet bool

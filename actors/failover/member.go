@@ -227,6 +227,21 @@ type Member struct {
 	syncLanded bool
 	syncSeq    uint64
 	syncWait   bool
+	// syncFrom: the leader's flush position at its first check after its
+	// workload started waiting for the other member: commits acknowledged
+	// before may not be there. The register says sync only once the
+	// other member has flushed up to it.
+	syncFrom capability.LSN
+	// pubFlush: the latest flush position a holder published in the
+	// register (a holder that does not know its position publishes none,
+	// and the earlier one stands), pubBy who published it ("site/term");
+	// pubSite, pubTerm, pubSync: the latest holder, and what its latest
+	// write said of synchronous replication.
+	pubFlush capability.LSN
+	pubBy    string
+	pubSite  string
+	pubTerm  uint64
+	pubSync  bool
 
 	out Ready
 }
@@ -602,7 +617,7 @@ func (m *Member) maybeAcquire() {
 		// is taken over only by the staleness rule below, never at once.
 		switch {
 		case v.Handoff == m.site:
-			m.acquire(AcquireHandoff, m.leader.Rev, 0)
+			m.acquireChecked(AcquireHandoff, 0)
 			return
 		case v.Handoff == "" && m.site == m.rules.Primary:
 			m.acquire(AcquireVacant, m.leader.Rev, 0)
@@ -662,6 +677,9 @@ func (m *Member) maybeFailback() {
 	}
 	if m.plannedLead {
 		return
+	}
+	if m.syncHandoffBlocked() != "" {
+		return // it waits until the register says sync: the primary then has every commit
 	}
 	if m.prefCount >= m.rules.SuccessThreshold {
 		m.prefCount = 0
@@ -757,7 +775,7 @@ func (m *Member) onLeaderWriteAnswered(w pendingWrite, r WriteResult) {
 			m.procSeq++
 			m.emit(&Promoted{Seq: m.procSeq, Term: w.leader.Term, Rev: r.Revision, Reason: m.acq.reason, Planned: m.acq.planned})
 			m.rejoinTo, m.rejoinFor = "", ""
-			m.syncReg, m.syncLanded = false, false // the acquire write says asynchronous
+			m.syncReg, m.syncLanded, m.syncFrom = false, false, 0 // the acquire write says asynchronous
 			p := m.procedure(ProcPromote, m.procSeq, m.acq.reason.String())
 			p.Bootstrap = m.acq.reason == AcquireBootstrap && m.site == m.rules.Primary
 			m.out.Procedures = append(m.out.Procedures, p)
@@ -901,8 +919,16 @@ func (m *Member) observeLeader(e LeaderEntry) bool {
 		}
 	}
 	m.leader, m.leaderKnown, m.leaderSeenAt = e, true, m.now
+	if e.Value.Site != "" {
+		m.pubSite, m.pubTerm, m.pubSync = e.Value.Site, e.Value.Term, e.Value.Sync
+		if e.Value.Flush != 0 {
+			m.pubFlush, m.pubBy = e.Value.Flush, holderID(e.Value.Site, e.Value.Term)
+		}
+	}
 	return true
 }
+
+func holderID(site string, term uint64) string { return fmt.Sprintf("%s/%d", site, term) }
 
 func (m *Member) onLeader(e LeaderEntry) {
 	if !m.observeLeader(e) {
@@ -1004,7 +1030,11 @@ func (m *Member) onSwitchover(s SwitchoverObserved) {
 	if req.To == m.site || !m.rules.Has(req.To) {
 		return
 	}
-	if reason := m.peerNotReady(); reason != "" {
+	reason := m.peerNotReady()
+	if reason == "" {
+		reason = m.syncHandoffBlocked()
+	}
+	if reason != "" {
 		// Handing over to a member that will not take the register would
 		// leave the pair without a primary: refuse and keep leading.
 		m.emit(&SwitchoverRejected{ID: req.ID, To: req.To, Reason: reason})
@@ -1012,6 +1042,18 @@ func (m *Member) onSwitchover(s SwitchoverObserved) {
 	}
 	m.emit(&SwitchoverAccepted{ID: req.ID, To: req.To})
 	m.demote(DemoteSwitchover, req.To)
+}
+
+// syncHandoffBlocked says why, with synchronous on or strict, a planned
+// hand-over must wait ("" when it need not): the other member takes the
+// register only while it says sync, since only then does it have every
+// acknowledged commit.
+func (m *Member) syncHandoffBlocked() string {
+	if !m.opts.Synchronizer || (m.rules.Synchronous != SyncOn && m.rules.Synchronous != SyncStrict) || m.syncLanded {
+		return ""
+	}
+	return "the register does not say synchronous (synchronous: " + m.rules.Synchronous.String() + "): " +
+		m.rules.Other(m.site) + " would not take it; wait until its database has caught up and commits wait for it"
 }
 
 // peerNotReady says why the other site cannot take over now, or "" when it
@@ -1133,7 +1175,7 @@ func (m *Member) workloadReady() bool {
 		return false
 	}
 	if m.opts.Positions && m.leaderKnown && m.leader.Value.Site != "" && m.leader.Value.Site != m.site {
-		if lag := capability.Lag(m.leader.Value.Flush, m.status.Receive); lag > m.rules.MaxLagOnFailover {
+		if lag := capability.Lag(m.pubFlush, m.status.Receive); lag > m.rules.MaxLagOnFailover {
 			return false
 		}
 	}
@@ -1143,31 +1185,43 @@ func (m *Member) workloadReady() bool {
 // withheld says why this follower must not take over the stale leader
 // (the register as it saw it), or "" when it may. It applies only to a
 // workload that reports positions.
+//
+// It applies to a takeover of a stale leader and to a handoff alike: a
+// clean shutdown sends a standby everything only if it is connected, and
+// a holder whose promotion or checks failed hands over without one.
+// Positions are measured against the latest one a holder published.
 func (m *Member) withheld() (string, uint64) {
 	if !m.opts.Positions {
 		return "", 0
 	}
-	v := m.leader.Value
+	limit, limitName := m.rules.MaxLagOnFailover, "maximum_lag_on_failover"
 	switch m.rules.Synchronous {
 	case SyncOn, SyncStrict:
-		if v.Sync {
+		if m.pubSync {
 			return "", 0
 		}
-		return "the register says the leader's commits did not wait for this member (synchronous: " + m.rules.Synchronous.String() +
-			"): a promotion could lose acknowledged commits, so it waits for the leader", 0
+		if m.pubSite != m.site || m.pubTerm != m.term || m.pubBy != holderID(m.site, m.term) {
+			return "the register says the leader's commits did not wait for this member (synchronous: " + m.rules.Synchronous.String() +
+				"): a promotion could lose acknowledged commits, so it waits for the leader", 0
+		}
+		// This member retaking a register it held last: its own database
+		// has what it acknowledged, if it has what it published.
+		limit, limitName = 0, "the limit of synchronous: "+m.rules.Synchronous.String()+" when the register does not say sync"
 	}
+	// Its own position: what it received as a standby, or flushed as a
+	// primary (the holder that published the position itself has it all).
+	own := max(m.status.Receive, m.status.Flush)
 	switch {
 	case !m.statusKnown || !m.status.Positions:
 		return "this member's replication position is unknown (no check has reported it since the start)", 0
-	case v.Flush == 0:
+	case m.pubFlush == 0:
 		return "the leader never published its log position in the register", 0
-	case m.status.Receive == 0:
+	case own == 0:
 		return "this member's workload has received no log from the leader", 0
 	}
-	lag := capability.Lag(v.Flush, m.status.Receive)
-	if lag > m.rules.MaxLagOnFailover {
-		return fmt.Sprintf("lag at the last contact is %d bytes (leader flushed %s, this member received %s), over maximum_lag_on_failover %d",
-			lag, v.Flush, m.status.Receive, m.rules.MaxLagOnFailover), lag
+	lag := capability.Lag(m.pubFlush, own)
+	if lag > limit {
+		return fmt.Sprintf("lag at the last contact is %d bytes (leader flushed %s, this member has %s), over %s, %d", lag, m.pubFlush, own, limitName, limit), lag
 	}
 	return "", lag
 }
@@ -1175,15 +1229,21 @@ func (m *Member) withheld() (string, uint64) {
 // acquireStale takes over a stale leader unless the lag rules withhold
 // it; a withheld promotion is recorded once per register revision.
 func (m *Member) acquireStale(stale time.Duration) {
+	m.acquireChecked(AcquireStale, stale)
+}
+
+// acquireChecked takes the register for reason unless the lag rules
+// withhold it; a withheld promotion is recorded once per register revision.
+func (m *Member) acquireChecked(reason AcquireReason, stale time.Duration) {
 	if why, lag := m.withheld(); why != "" {
 		if m.withheldRev != m.leader.Rev {
 			m.withheldRev = m.leader.Rev
-			m.emit(&PromotionWithheld{LeaderRev: m.leader.Rev, Reason: why, LeaderFlush: m.leader.Value.Flush, Receive: m.status.Receive,
+			m.emit(&PromotionWithheld{LeaderRev: m.leader.Rev, Reason: why, LeaderFlush: m.pubFlush, Receive: max(m.status.Receive, m.status.Flush),
 				Lag: lag, Limit: m.rules.MaxLagOnFailover, Synchronous: m.rules.Synchronous})
 		}
 		return
 	}
-	m.acquire(AcquireStale, m.leader.Rev, stale)
+	m.acquire(reason, m.leader.Rev, stale)
 }
 
 // manageSync keeps a leader's synchronous replication as the rule wants
@@ -1199,11 +1259,21 @@ func (m *Member) manageSync() {
 	case want && !set:
 		m.requestSync(true)
 	case want && set:
-		m.syncReg = true
+		if m.syncFrom == 0 {
+			m.syncFrom = max(m.status.Flush, 1)
+		}
+		// Commits acknowledged before the workload started waiting may
+		// not be on the other member yet: say sync once it has them.
+		if m.status.PeerStreaming && m.status.PeerFlush >= m.syncFrom {
+			m.syncReg = true
+		}
 	case m.syncReg:
-		m.syncReg = false // the next register write says so; the workload stops waiting once it landed
+		m.syncReg, m.syncFrom = false, 0 // the next register write says so; the workload stops waiting once it landed
 	case set && !m.syncLanded:
+		m.syncFrom = 0
 		m.requestSync(false)
+	default:
+		m.syncFrom = 0
 	}
 }
 

@@ -84,6 +84,9 @@ func (w *world) status(site string, serving bool) (capability.Status, bool) {
 		st.Flush = d.flush
 		o := w.dbOf(w.rules.Other(site))
 		st.PeerStreaming = o.role == capability.RoleStandby && o.follows == site && !o.cut && w.node[w.rules.Other(site)].alive
+		if st.PeerStreaming {
+			st.PeerFlush = o.flush
+		}
 		st.SynchronousSet = d.syncSet
 		st.PeerSynchronous = st.PeerStreaming && d.syncSet
 		return st, serving

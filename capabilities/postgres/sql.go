@@ -188,10 +188,13 @@ func (p *Postgres) probe(ctx context.Context, c *pgx.Conn, st *capability.Status
 			st.Timeline = uint32(tli)
 		}
 		st.SynchronousSet = names != ""
-		var state, syncState string
-		err := c.QueryRow(ctx, "SELECT coalesce(state, ''), coalesce(sync_state, '') FROM pg_stat_replication WHERE application_name = $1 ORDER BY state = 'streaming' DESC LIMIT 1", p.m.PeerSite).Scan(&state, &syncState)
+		var state, syncState, peerFlush string
+		err := c.QueryRow(ctx, "SELECT coalesce(state, ''), coalesce(sync_state, ''), coalesce(flush_lsn::text, '') FROM pg_stat_replication WHERE application_name = $1 ORDER BY state = 'streaming' DESC LIMIT 1", p.m.PeerSite).Scan(&state, &syncState, &peerFlush)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return err
+		}
+		if peerFlush != "" {
+			st.PeerFlush, _ = capability.ParseLSN(peerFlush)
 		}
 		st.PeerStreaming = state == "streaming"
 		st.PeerSynchronous = st.PeerStreaming && syncState == "sync"
