@@ -470,6 +470,7 @@ func (m *Member) mine(l Leader) bool { return l.Site == m.site && l.Term == m.te
 func (m *Member) nextOp() uint64 { m.opSeq++; return m.opSeq }
 
 func (m *Member) fence(reason FenceReason, then AfterFence) {
+	m.syncFrom = 0
 	m.procSeq++
 	m.fenceFailed = false
 	m.emit(&FenceRequested{Seq: m.procSeq, Reason: reason, Term: m.term, Then: then})
@@ -1402,6 +1403,7 @@ func (m *Member) onProcedure(r ProcedureResult) {
 			m.demote(DemotePromoteFailed, m.rules.Other(m.site))
 			return
 		}
+		m.syncFrom = 0 // measured afresh in this serving period
 		m.emit(&ServingStarted{Seq: r.Seq, Term: m.term})
 		m.prefCount, m.prefLast = 0, time.Time{}
 	case ProcRejoin:
