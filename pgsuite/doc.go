@@ -6,7 +6,8 @@
 // suffer — kill -9 of the node, keeper and postmaster; kill -9 of the node
 // alone; SIGSTOP; a replica behind a slow link; twenty kills in a row with
 // synchronous: on; a restart that must be rewound before failback; the
-// two switchovers; a PostgreSQL started by hand behind understudy's back —
+// two switchovers; a PostgreSQL started by hand behind understudy's back;
+// NATS stopped while the bootstrap's initdb runs —
 // and judge the databases themselves: a monitor polls both sites every
 // 20 ms (a site accepts writes when it is out of recovery and a tiny
 // INSERT commits; it streams when pg_stat_wal_receiver says so), and a

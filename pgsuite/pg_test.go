@@ -178,7 +178,10 @@ func TestKillPrimary(t *testing.T) {
 	if !ok {
 		t.Fatalf("site-b acknowledged no commit within 30s of the kill (%v); site-b's states:%s", w, m.timeline(1, killAt))
 	}
-	bw, _ := m.firstSince(1, stWritable, killAt)
+	bw, ok := m.waitFor(1, stWritable, killAt, 10*time.Second)
+	if !ok {
+		t.Errorf("the writer's commits were acknowledged by site-b, but the monitor never saw it accept writes:%s", m.timeline(1, killAt))
+	}
 	lost, checked, err := w.lost(1, func(a ack) bool { return a.at.Before(killAt) })
 	if err != nil {
 		t.Fatal(err)
@@ -621,15 +624,18 @@ func TestForeignPostgres(t *testing.T) {
 	if handRows != "absent" {
 		t.Errorf("after rejoining, site-b still has the table written behind understudy's back (%s): its history diverged from site-a's", handRows)
 	}
-	rewound := "no"
+	rejoin := "restarted"
 	if line, ok := c.logHas(1, regexp.MustCompile(`postgres: pg_rewind done`), startAt); ok {
-		rewound = "yes"
+		rejoin = "rewound"
 		if strings.Contains(line, "no rewind required") {
-			rewound = "not-required"
+			rejoin = "rewind-not-required"
 		}
 	}
-	t.Logf("FIGURE foreign-postgres hand_writable_polls=%d foreign_stopped_ms=%.0f b_streaming_ms=%.0f both_writable_after_ready=%d rewound=%s data_a=%s data_b=%s hand_seen_writable_at=%s",
-		len(m.bothWritable())-len(after), ms(stopped), ms(st.Sub(startAt)), len(after), rewound, sums[0], sums[1], handWritable.Format("15:04:05.000"))
+	if _, ok := c.logHas(1, regexp.MustCompile(`moved the old data directory aside`), startAt); ok {
+		rejoin = "cloned-again"
+	}
+	t.Logf("FIGURE foreign-postgres hand_writable_polls=%d foreign_stopped_ms=%.0f b_streaming_ms=%.0f both_writable_after_ready=%d rejoin=%s data_a=%s data_b=%s hand_seen_writable_at=%s",
+		len(m.bothWritable())-len(after), ms(stopped), ms(st.Sub(startAt)), len(after), rejoin, sums[0], sums[1], handWritable.Format("15:04:05.000"))
 }
 
 // waitCaughtUp waits until standby i has replayed site 1-i's current WAL
@@ -685,4 +691,40 @@ func TestNodeFileWithoutProcedures(t *testing.T) {
 		t.Fatalf("`understudy serve` refuses a node file whose postgres member has no procedures (fence_grace 1.5s): %v\n%s\n%s",
 			err, tailFile(s.log, 5), file)
 	}
+}
+
+// TestBootstrapInterrupted: the witness's NATS stops answering (SIGSTOP)
+// for 1.5 s while site-a runs initdb for the pair's bootstrap, so site-a's
+// member fences mid-bootstrap. Once NATS answers again the pair must still
+// come up: site-a serving, site-b streaming. (A heavily loaded machine
+// does this by itself: a stale NATS connection during a slow initdb.)
+func TestBootstrapInterrupted(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, pairOptions{})
+	c.startNode(0)
+	c.startNode(1)
+	if _, err := waitLine(c.sites[0].log, 0, regexp.MustCompile(`postgres: bootstrap: initdb`), 30*time.Second, c.sites[0].node); err != nil {
+		t.Fatalf("site-a did not start its bootstrap: %v", err)
+	}
+	stopAt := time.Now()
+	_ = syscall.Kill(c.witness.pid(), syscall.SIGSTOP)
+	time.Sleep(1500 * time.Millisecond)
+	_ = syscall.Kill(c.witness.pid(), syscall.SIGCONT)
+	fenced, wasFenced := c.waitEvent(0, "failover.fence_requested", stopAt, regexp.MustCompile(`heartbeat-failures`), 5*time.Second)
+	m := c.startMonitor()
+	aw, ok := m.waitFor(0, stWritable, stopAt, 60*time.Second)
+	if !ok {
+		why := "none"
+		if e, ok := c.waitEvent(0, "failover.promote_failed", stopAt, nil, 0); ok {
+			why = e.detail
+		}
+		t.Fatalf("the pair did not come up within 60s of NATS answering again (site-a fenced during its bootstrap: %v); site-a's last promote failure: %s; site-a's events since: %s",
+			wasFenced, why, eventTypes(c.events(0, 0), stopAt))
+	}
+	bs, ok := m.waitFor(1, stStreaming, stopAt, 60*time.Second)
+	if !ok {
+		t.Fatalf("site-b does not stream within 60s:%s", m.timeline(1, stopAt))
+	}
+	t.Logf("FIGURE bootstrap-interrupted fenced_mid_bootstrap=%v fenced_at_ms=%.0f a_writable_ms=%.0f b_streaming_ms=%.0f",
+		wasFenced, ms(fenced.at.Sub(stopAt)), ms(aw.Sub(stopAt)), ms(bs.Sub(stopAt)))
 }
