@@ -25,18 +25,13 @@ import (
 const (
 	heartbeat       = 250 * time.Millisecond
 	failoverTimeout = 2500 * time.Millisecond
-	fenceGrace      = 1600 * time.Millisecond
+	fenceGrace      = 1500 * time.Millisecond
 	pairName        = "pg"
 )
 
-// escalationStep is the fence step every node file carries. A node file
-// whose member has a postgres: section and no procedures is refused at
-// load ("procedures.fence.steps: must have at least one step", because
-// procedure.Spec.Validate runs for every member), and any step adds its
-// timeout to the fence budget, so fence_grace is 1.6 s rather than the
-// 1.5 s the PostgreSQL fence alone needs. TestNodeFileWithoutProcedures
-// pins that refusal; once it is fixed this step and the extra 100 ms can
-// go.
+// escalationStep is a fence step run when PostgreSQL's own fence fails
+// (the escalation): node files carry it with pairOptions.escalation. It
+// adds its timeout to the fence budget, so fence_grace must cover 1.6 s.
 const escalationStep = `    procedures:
       fence:
         steps:
@@ -52,8 +47,9 @@ type pairOptions struct {
 	// peerOf, when set, gives a site's postgres.peer (host:port) instead of
 	// the other site's server: a proxy of the test.
 	peerOf func(c *cluster, site int) string
-	// noEscalation writes the node files without escalationStep.
-	noEscalation bool
+	// escalation writes the node files with escalationStep (and
+	// fence_grace 1.6 s to cover it).
+	escalation bool
 }
 
 // cluster is one test's pair: a witness node holding the embedded NATS and
@@ -165,10 +161,14 @@ func (c *cluster) nodeFile(i int) string {
 	fmt.Fprintf(&b, "node: %s\ndata_dir: %s\nhttp: 127.0.0.1:0\nnats: {url: %q}\nassets: {replicas: 1}\nlog: {level: debug}\n", s.name, filepath.Join(s.dir, "state"), c.natsURL)
 	fmt.Fprintf(&b, "pairs:\n  - pair: %s\n    primary: site-a\n    replica: site-b\n", pairName)
 	fmt.Fprintf(&b, "    heartbeat_timeout: %v\n    failure_threshold: 2\n    success_threshold: 2\n", heartbeat)
-	fmt.Fprintf(&b, "    failover_timeout: %v\n    fence_grace: %v\n", failoverTimeout, fenceGrace)
+	fg := fenceGrace
+	if c.opts.escalation {
+		fg += 100 * time.Millisecond
+	}
+	fmt.Fprintf(&b, "    failover_timeout: %v\n    fence_grace: %v\n", failoverTimeout, fg)
 	fmt.Fprintf(&b, "    failback: %s\n    synchronous: %q\n    maximum_lag_on_failover: 1MiB\n", c.opts.failback, c.opts.synchronous)
 	fmt.Fprintf(&b, "    postgres:\n      data_dir: %s\n      port: %d\n      listen: 127.0.0.1\n      peer: %s\n      replication: {password: pgsuite-secret}\n", s.pgdata, s.port, peer)
-	if !c.opts.noEscalation {
+	if c.opts.escalation {
 		b.WriteString(escalationStep)
 	}
 	return b.String()

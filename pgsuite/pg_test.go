@@ -481,7 +481,7 @@ func TestFailbackAfterRewind(t *testing.T) {
 // acknowledged commit is lost.
 func TestSwitchover(t *testing.T) {
 	t.Parallel()
-	c := newCluster(t, pairOptions{failback: "manual"})
+	c := newCluster(t, pairOptions{failback: "manual", escalation: true})
 	c.start()
 	m := c.startMonitor()
 	w := c.startWriter(0)
@@ -676,7 +676,7 @@ func (c *cluster) waitCaughtUp(i int, within time.Duration) error {
 // PostgreSQL fence budget (1.5 s) alone.
 func TestNodeFileWithoutProcedures(t *testing.T) {
 	t.Parallel()
-	c := newCluster(t, pairOptions{noEscalation: true})
+	c := newCluster(t, pairOptions{})
 	file := strings.Replace(c.nodeFile(0), "fence_grace: "+fenceGrace.String(), "fence_grace: 1.5s", 1)
 	if err := os.WriteFile(c.sites[0].config, []byte(file), 0o644); err != nil {
 		t.Fatal(err)

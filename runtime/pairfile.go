@@ -225,7 +225,11 @@ func resolvePairs(node string, pairs []PairMember, baseDir string) ([]MemberConf
 			errs = append(errs, err)
 			continue
 		}
-		if err := pm.Procedures.Validate(); err != nil {
+		validate := pm.Procedures.Validate
+		if pm.Postgres != nil || pm.VM != nil {
+			validate = pm.Procedures.ValidateSteps // the workload fences itself
+		}
+		if err := validate(); err != nil {
 			var ce *ConfigError
 			if errors.As(err, &ce) {
 				err = &ConfigError{Field: field + "." + ce.Field, Rule: ce.Rule, Value: ce.Value}

@@ -149,6 +149,10 @@ type Member struct {
 	lostTerm       uint64
 	lastSwitchover string
 	plannedLead    bool // leadership came from an operator's switchover
+	// bootstrapping: this member took a register nobody ever held, as the
+	// preferred primary, and has not served since: its workload may still
+	// have to be created (a bootstrap cut short by a fence is redone).
+	bootstrapping bool
 	demoteReason   DemoteReason
 
 	// Volatile state, rebuilt from observations after a restart.
@@ -299,7 +303,7 @@ func (m *Member) Failures() int { return m.failures }
 // once, after folding the member's logged events with Apply.
 func (m *Member) Start(now time.Duration) Ready {
 	*m = Member{
-		site: m.site, opts: m.opts, rules: m.rules, rulesRev: m.rulesRev,
+		site: m.site, opts: m.opts, rules: m.rules, rulesRev: m.rulesRev, bootstrapping: m.bootstrapping,
 		appliedRev: m.appliedRev, rejectedRev: m.rejectedRev, checkHold: m.checkHold,
 		term: m.term, procSeq: m.procSeq, lostTerm: m.lostTerm, lastSwitchover: m.lastSwitchover,
 		now: now,
@@ -422,6 +426,7 @@ func (m *Member) Apply(ev events.Event) {
 	case *Promoted:
 		m.phase, m.term, m.procSeq, m.procKind = PhasePromoting, e.Term, e.Seq, ProcPromote
 		m.plannedLead = e.Planned
+		m.bootstrapping = e.Reason == AcquireBootstrap && m.site == m.rules.Primary
 	case *PromotionRejected, *AcquireFailed:
 		m.phase = PhaseFollower
 	case *Resumed:
@@ -429,7 +434,7 @@ func (m *Member) Apply(ev events.Event) {
 	case *Unfenced:
 		m.phase, m.procSeq, m.procKind = PhasePromoting, e.Seq, ProcPromote
 	case *ServingStarted:
-		m.phase = PhaseLeader
+		m.phase, m.bootstrapping = PhaseLeader, false
 	case *LeadershipLost:
 		m.lostTerm = e.Term
 		if m.phase == PhaseSuspended || m.phase == PhaseReleasing {
@@ -777,9 +782,7 @@ func (m *Member) onLeaderWriteAnswered(w pendingWrite, r WriteResult) {
 			m.emit(&Promoted{Seq: m.procSeq, Term: w.leader.Term, Rev: r.Revision, Reason: m.acq.reason, Planned: m.acq.planned})
 			m.rejoinTo, m.rejoinFor = "", ""
 			m.syncReg, m.syncLanded, m.syncFrom = false, false, 0 // the acquire write says asynchronous
-			p := m.procedure(ProcPromote, m.procSeq, m.acq.reason.String())
-			p.Bootstrap = m.acq.reason == AcquireBootstrap && m.site == m.rules.Primary
-			m.out.Procedures = append(m.out.Procedures, p)
+			m.out.Procedures = append(m.out.Procedures, m.procedure(ProcPromote, m.procSeq, m.acq.reason.String()))
 			m.nextBeatAt = m.now + m.rules.HeartbeatTimeout
 		case WriteConflict:
 			ev := &PromotionRejected{Term: w.leader.Term, ExpectRev: w.expect}
@@ -1093,6 +1096,7 @@ func (m *Member) procedure(kind ProcKind, seq uint64, reason string) Procedure {
 		// (it resumes after a suspension or a restart).
 		p.Leader = m.site
 		p.Synchronous = m.rules.Synchronous == SyncStrict || (m.rules.Synchronous == SyncOn && m.syncReg)
+		p.Bootstrap = m.bootstrapping
 	}
 	return p
 }

@@ -161,6 +161,13 @@ func (s Spec) Validate() error {
 	if len(s.Fence.Steps) == 0 {
 		return &actors.ConfigError{Field: "procedures.fence.steps", Rule: "must have at least one step: a member that cannot fence must never serve"}
 	}
+	return s.ValidateSteps()
+}
+
+// ValidateSteps checks every step but requires none: the procedures of a
+// member whose workload fences itself (postgres, vm), where fence steps
+// only escalate.
+func (s Spec) ValidateSteps() error {
 	for kind := ChainFence; kind <= ChainCheck; kind++ {
 		for i, step := range s.Chain(kind).Steps {
 			if err := step.validate(fmt.Sprintf("procedures.%s.steps[%d]", kind, i)); err != nil {
