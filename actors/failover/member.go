@@ -153,7 +153,7 @@ type Member struct {
 	// preferred primary, and has not served since: its workload may still
 	// have to be created (a bootstrap cut short by a fence is redone).
 	bootstrapping bool
-	demoteReason   DemoteReason
+	demoteReason  DemoteReason
 
 	// Volatile state, rebuilt from observations after a restart.
 	now          time.Duration
