@@ -37,11 +37,6 @@ func (c *ExecChains) setRecorder(f func(...events.Event)) bool { c.record = f; r
 // FenceBudget is the fence chain's worst case.
 func (c *ExecChains) FenceBudget() time.Duration { return c.spec.Fence.WorstCase() }
 
-// HasChain reports whether the chain of kind has steps.
-func (c *ExecChains) HasChain(kind procedure.ChainKind) bool {
-	return len(c.spec.Chain(kind).Steps) > 0
-}
-
 func (c *ExecChains) Fence(ctx context.Context, req capability.Request) error {
 	return c.run(ctx, procedure.ChainFence, req.Seq)
 }
