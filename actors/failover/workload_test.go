@@ -13,15 +13,14 @@ import (
 // member decides from positions, and checks on every commit and promotion
 // that no acknowledged commit is lost.
 type db struct {
-	role      capability.Role
-	timeline  uint32
-	flush     capability.LSN // primary: its log's end; standby: received
-	follows   string         // standby: the primary it streams from
-	syncSet   bool           // primary: commits wait for the standby
-	lagBy     capability.LSN // standby: how far behind it stays while streaming
-	cut       bool           // standby: the replication link is cut
-	exists    bool           // the data directory holds a database
-	promoting bool
+	role     capability.Role
+	timeline uint32
+	flush    capability.LSN // primary: its log's end; standby: received
+	follows  string         // standby: the primary it streams from
+	syncSet  bool           // primary: commits wait for the standby
+	lagBy    capability.LSN // standby: how far behind it stays while streaming
+	cut      bool           // standby: the replication link is cut
+	exists   bool           // the data directory holds a database
 }
 
 // dbWorld is the world's database state: the highest acknowledged commit

@@ -42,7 +42,7 @@ const keeperEnv = "UNDERSTUDY_PG_KEEPER"
 
 // immediateWait is how long an immediate stop waits for the postmaster to
 // exit after SIGQUIT before killing every PostgreSQL process.
-const immediateWait = 500 * time.Millisecond
+const immediateWait = 100 * time.Millisecond
 
 type keeperRequest struct {
 	ID   uint64 `json:"id"`
