@@ -33,6 +33,7 @@ const (
 	demoteTimeout  = 2 * time.Minute
 	syncTimeout    = 30 * time.Second
 	fenceFallback  = 30 * time.Second // a workload that states no fence budget
+	checkTimeout   = 2 * time.Second
 )
 
 // recorder is a workload that records procedure events of its own (exec
@@ -124,9 +125,16 @@ func (a *workloadActor[W]) run(p failover.Procedure) {
 	req := capability.Request{Pair: a.cfg.Rules.Pair, Site: a.cfg.Site, Seq: p.Seq, Term: p.Term, Leader: p.Leader,
 		Reason: p.Reason, Serving: p.Serving, Synchronous: p.Synchronous, Bootstrap: p.Bootstrap}
 	if p.Kind == failover.ProcCheck {
-		timeout := a.cfg.Rules.HeartbeatTimeout
+		// A check that takes longer than a heartbeat delays the next one;
+		// it fails only past 2 s (a loaded server answers late, and three
+		// failed checks of a leader hand it over).
+		timeout := max(a.cfg.Rules.HeartbeatTimeout, checkTimeout)
+		selfBounded := a.selfRecording // exec chains bound their steps themselves
 		go func() {
 			ctx, cancel := context.WithTimeout(a.ctx, timeout)
+			if selfBounded {
+				ctx, cancel = context.WithCancel(a.ctx)
+			}
 			defer cancel()
 			st, err := a.w.Check(ctx, req)
 			res := failover.ProcedureResult{Kind: p.Kind, Seq: p.Seq, OK: err == nil}

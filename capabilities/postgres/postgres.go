@@ -629,18 +629,34 @@ func (p *Postgres) peerReachable(ctx context.Context) error {
 
 // waitStreaming waits until the standby's WAL receiver streams (2 minutes
 // at most when ctx has no deadline).
+// streamSettle is how long a new WAL receiver must stream before a rejoin
+// counts it as following.
+const streamSettle = 300 * time.Millisecond
+
 func (p *Postgres) waitStreaming(ctx context.Context) error {
 	ctx, cancel := withDefaultTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	status := ""
 	var last error
+	var since time.Time // streaming seen continuously since
 	for {
 		err := p.withConn(ctx, 2*time.Second, func(c *pgx.Conn) error {
 			return c.QueryRow(ctx, "SELECT coalesce((SELECT status FROM pg_stat_wal_receiver), '')").Scan(&status)
 		})
-		if err == nil && status == "streaming" {
+		// The receiver says streaming as soon as it asked for WAL; a leader
+		// that removed that WAL refuses it right after. Streaming counts
+		// once it lasted streamSettle with no such refusal in the log.
+		switch {
+		case err == nil && status == "streaming" && since.IsZero():
+			since = time.Now()
+		case err == nil && status == "streaming" && time.Since(since) >= streamSettle:
+			if line := cannotFollowIn(tailFrom(filepath.Join(p.run, serverLog), p.logStart)); line != "" {
+				return fmt.Errorf("%w: %s", errCannotFollow, line)
+			}
 			p.log.Info("postgres: standby streams from the leader", "peer", p.cfg.Peer)
 			return nil
+		case err != nil || status != "streaming":
+			since = time.Time{}
 		}
 		last = err
 		if line := cannotFollowIn(tailFrom(filepath.Join(p.run, serverLog), p.logStart)); line != "" {
