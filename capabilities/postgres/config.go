@@ -102,7 +102,7 @@ var defaultParameters = map[string]string{
 	"max_replication_slots":       "10",
 	"max_slot_wal_keep_size":      "4GB",
 	"wal_keep_size":               "256MB",
-	"wal_retrieve_retry_interval": "1s",
+	"wal_retrieve_retry_interval": "100ms", // a promotion waits up to one interval for the startup process
 }
 
 var (

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -186,8 +187,11 @@ func runDemoPostgres(ctx context.Context, rules failover.Rules, killAfter time.D
 	wg.Add(1)
 	go func() { defer wg.Done(); w.run(wctx, say) }()
 
+	// A power cut comes at any moment of the heartbeat cycle: a random
+	// phase, or every run would measure the same point of it.
+	jitter := time.Duration(mrand.Int64N(int64(rules.HeartbeatTimeout)))
 	select {
-	case <-time.After(killAfter):
+	case <-time.After(killAfter + jitter):
 	case <-ctx.Done():
 		return ctx.Err()
 	}
