@@ -116,6 +116,26 @@ type MemberState struct {
 	RestartAt time.Time `json:"restart_at,omitzero"`
 }
 
+// Snapshots returns the latest snapshot of every hosted member that has
+// one, in configuration order: a stopped member's last one stays, with
+// Running false in Members.
+func (h *Host) Snapshots() []MemberSnapshot {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []MemberSnapshot
+	for _, sl := range h.slots {
+		if v := sl.deps.Snapshot.Load(); v != nil {
+			if sl.stopped {
+				v2 := *v
+				v2.Phase = failover.PhaseStarting // not running: nothing it says holds
+				v = &v2
+			}
+			out = append(out, *v)
+		}
+	}
+	return out
+}
+
 // Members reports every hosted member's state, in configuration order.
 func (h *Host) Members() []MemberState {
 	h.mu.Lock()
@@ -236,7 +256,8 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, mc := range workloads {
-		sl := &memberSlot{cfg: mc, deps: MemberDeps{Log: evlog, KV: kv, Drivers: drivers, Logger: logger, Observe: opts.Observe, Metrics: opts.Metrics}}
+		sl := &memberSlot{cfg: mc, deps: MemberDeps{Log: evlog, KV: kv, Drivers: drivers, Logger: logger, Observe: opts.Observe, Metrics: opts.Metrics,
+			Snapshot: &MemberSnapshotter{}}}
 		h.slots = append(h.slots, sl)
 		h.spawn(sl)
 		logger.Info("member started", "pair", mc.Rules.Pair, "site", mc.Site)

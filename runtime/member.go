@@ -69,6 +69,43 @@ type MemberDeps struct {
 	// OnStop, when set, is told once why the member stops for good while
 	// the node runs on (its host restarts it). It must not block.
 	OnStop func(reason string)
+	// Snapshot, when set, receives the member's state after every step
+	// (for the node's HTTP endpoints: /primary, /replica).
+	Snapshot *MemberSnapshotter
+}
+
+// MemberSnapshot is a member's state as its node's HTTP endpoints report
+// it: its phase and term, and what the latest check of its workload found.
+type MemberSnapshot struct {
+	Pair, Site string
+	Phase      failover.Phase
+	Term       uint64
+	// Checked: a check has reported since the member started; CheckOK and
+	// Status are the latest one's, CheckedAt when it reported.
+	Checked   bool
+	CheckOK   bool
+	CheckErr  string
+	Status    capability.Status
+	CheckedAt time.Time
+	Updated   time.Time
+}
+
+// MemberSnapshotter holds the latest MemberSnapshot of one member; safe
+// for concurrent use.
+type MemberSnapshotter struct{ p atomic.Pointer[MemberSnapshot] }
+
+// Load returns the latest snapshot (nil before the member's first step).
+func (s *MemberSnapshotter) Load() *MemberSnapshot {
+	if s == nil {
+		return nil
+	}
+	return s.p.Load()
+}
+
+func (s *MemberSnapshotter) store(v MemberSnapshot) {
+	if s != nil {
+		s.p.Store(&v)
+	}
 }
 
 // Messages of the member actor.
@@ -97,6 +134,9 @@ type memberActor struct {
 	engine   *actor.Engine
 	resource *actor.PID
 	workload capability.Workload
+	// lastCheck: the latest check result, for the snapshot.
+	lastCheck   *failover.ProcedureResult
+	lastCheckAt time.Time
 	app      *appender
 	ctx      context.Context
 	cancel   context.CancelFunc
@@ -168,6 +208,10 @@ func (a *memberActor) Receive(c *actor.Context) {
 			a.stop(c, a.stopReason)
 			return
 		}
+		if msg.res.Kind == failover.ProcCheck {
+			a.lastCheck = &msg.res
+			a.lastCheckAt = time.Now()
+		}
 		a.step(msg.res)
 	case memberPet:
 		if p, ok := a.workload.(capability.Watched); ok && !a.conflicted {
@@ -219,6 +263,7 @@ func (a *memberActor) started(c *actor.Context) {
 	go a.watch()
 	go a.bridge()
 	a.handle(a.m.Start(a.now()))
+	a.snapshot()
 	a.schedule()
 }
 
@@ -330,10 +375,26 @@ func (a *memberActor) step(in failover.Input) {
 	}
 	a.handle(a.m.Step(a.now(), in))
 	a.schedule()
+	a.snapshot()
 	if a.handedOver != nil && !a.m.Holding() {
 		close(a.handedOver)
 		a.handedOver = nil
 	}
+}
+
+// snapshot publishes the member's state for the node's endpoints.
+func (a *memberActor) snapshot() {
+	if a.deps.Snapshot == nil {
+		return
+	}
+	v := MemberSnapshot{Pair: a.cfg.Rules.Pair, Site: a.cfg.Site, Phase: a.m.Phase(), Term: a.m.Term(), Updated: time.Now()}
+	if c := a.lastCheck; c != nil {
+		v.Checked, v.CheckOK, v.CheckErr, v.CheckedAt = true, c.OK, c.Detail, a.lastCheckAt
+		if c.Status != nil {
+			v.Status = *c.Status
+		}
+	}
+	a.deps.Snapshot.store(v)
 }
 
 func (a *memberActor) schedule() {
