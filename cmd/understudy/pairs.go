@@ -13,10 +13,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dustin/go-humanize"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"understudy/actors/capability"
 	"understudy/actors/failover"
 	"understudy/events"
 	"understudy/runtime"
@@ -152,6 +154,25 @@ type SiteStatus struct {
 	// applies (0: its pair file's); RejectedRev the latest it refused.
 	RulesRev    uint64 `json:"rules_rev"`
 	RejectedRev uint64 `json:"rejected_rev,omitempty"`
+	// DB is the member's database as its latest check found it (nil: the
+	// workload reports no positions).
+	DB *DBStatus `json:"db,omitempty"`
+}
+
+// DBStatus is a member's database in status: role and timeline; the
+// leader's flushed position and whether its commits wait for the other
+// member (from the register); a standby's received and replayed positions,
+// whether it streams, and its lag behind the leader's published flush.
+type DBStatus struct {
+	Role        string  `json:"role"`
+	Timeline    uint32  `json:"timeline,omitempty"`
+	Flush       string  `json:"flush_lsn,omitempty"`
+	Synchronous *bool   `json:"synchronous,omitempty"`
+	Receive     string  `json:"receive_lsn,omitempty"`
+	Replay      string  `json:"replay_lsn,omitempty"`
+	Streaming   bool    `json:"streaming,omitempty"`
+	LagBytes    *uint64 `json:"lag_bytes,omitempty"`
+	Rejoined    string  `json:"following,omitempty"`
 }
 
 // RulesStatus are the rules in <pair>.config, at revision Rev.
@@ -268,6 +289,7 @@ func pairsIn(ctx context.Context, nc *nats.Conn, bucket, want string) ([]string,
 
 func pairStatus(ctx context.Context, kv events.KV, pair string, now time.Time) (PairStatus, error) {
 	st := PairStatus{Pair: pair, Heartbeats: map[string]SiteStatus{}, ServerTime: now}
+	var leaderValue failover.Leader
 	if e, err := kv.Get(ctx, failover.LeaderKey(pair)); err == nil {
 		le, err := failover.LeaderEntryOf(e, 0)
 		if err != nil {
@@ -278,6 +300,7 @@ func pairStatus(ctx context.Context, kv events.KV, pair string, now time.Time) (
 		l := le.Value
 		st.Leader, st.Term, st.Fenced, st.Handoff = l.Site, l.Term, l.Fenced, l.Handoff
 		st.LeaderAge = now.Sub(e.Time).Seconds()
+		leaderValue = l
 	} else if !errors.Is(err, events.ErrNotFound) {
 		return st, err
 	}
@@ -298,8 +321,18 @@ func pairStatus(ctx context.Context, kv events.KV, pair string, now time.Time) (
 			continue
 		}
 		if h, err := failover.DecodeHeartbeat(e.Value); err == nil {
-			st.Heartbeats[h.Site] = SiteStatus{Phase: h.Phase.String(), Ready: h.Ready, Age: now.Sub(e.Time).Seconds(),
+			ss := SiteStatus{Phase: h.Phase.String(), Ready: h.Ready, Age: now.Sub(e.Time).Seconds(),
 				Source: "heartbeat", RulesRev: h.RulesRev, RejectedRev: h.RejectedRev}
+			if h.Role != 0 {
+				ss.DB = &DBStatus{Role: h.Role.String(), Timeline: h.Timeline, Streaming: h.Streaming, Rejoined: h.Rejoined}
+				if h.Receive != 0 {
+					ss.DB.Receive = h.Receive.String()
+				}
+				if h.Replay != 0 {
+					ss.DB.Replay = h.Replay.String()
+				}
+			}
+			st.Heartbeats[h.Site] = ss
 		}
 	}
 	if st.Leader != "" {
@@ -310,7 +343,22 @@ func pairStatus(ctx context.Context, kv events.KV, pair string, now time.Time) (
 		if st.Fenced {
 			h.Phase = "leader (fenced)"
 		}
+		if l := leaderValue; l.Flush != 0 {
+			sync := l.Sync
+			h.DB = &DBStatus{Role: "primary", Timeline: l.Timeline, Flush: l.Flush.String(), Synchronous: &sync}
+		} else {
+			h.DB = nil // its own last heartbeat's, from before it led
+		}
 		st.Heartbeats[st.Leader] = h
+		// A standby's lag behind what the leader last published.
+		for s, f := range st.Heartbeats {
+			if s == st.Leader || f.DB == nil || leaderValue.Flush == 0 {
+				continue
+			}
+			pos, _ := capability.ParseLSN(f.DB.Receive)
+			lag := capability.Lag(leaderValue.Flush, pos)
+			f.DB.LagBytes = &lag
+		}
 	}
 	return st, nil
 }
@@ -349,11 +397,52 @@ func printStatus(w io.Writer, st PairStatus) {
 		} else {
 			fmt.Fprintf(w, "  %-8s own heartbeat %.1fs ago, phase %s, ready %v%s\n", s, h.Age, h.Phase, h.Ready, rules)
 		}
+		if d := h.DB; d != nil {
+			fmt.Fprintf(w, "  %-8s database %s%s\n", "", d.Role, describeDB(d))
+		}
 	}
 	if r := st.Rules; r != nil {
 		fmt.Fprintf(w, "  rules    rev %d: primary %s, replica %s, heartbeat_timeout %gs, failure_threshold %d, success_threshold %d, failover_timeout %gs, fence_grace %gs, failback %s\n",
 			r.Rev, r.Primary, r.Replica, r.HeartbeatTimeout, r.FailureThreshold, r.SuccessThreshold, r.FailoverTimeout, r.FenceGrace, r.Failback)
 	}
+}
+
+// describeDB is the rest of a database line of status.
+func describeDB(d *DBStatus) string {
+	var b strings.Builder
+	if d.Timeline != 0 {
+		fmt.Fprintf(&b, ", timeline %d", d.Timeline)
+	}
+	if d.Flush != "" {
+		fmt.Fprintf(&b, ", flushed %s", d.Flush)
+	}
+	if d.Synchronous != nil {
+		if *d.Synchronous {
+			b.WriteString(", commits wait for the replica (synchronous)")
+		} else {
+			b.WriteString(", asynchronous")
+		}
+	}
+	if d.Receive != "" {
+		fmt.Fprintf(&b, ", received %s", d.Receive)
+	}
+	if d.Replay != "" {
+		fmt.Fprintf(&b, ", replayed %s", d.Replay)
+	}
+	if d.Role == "standby" {
+		if d.Streaming {
+			b.WriteString(", streaming")
+		} else {
+			b.WriteString(", NOT streaming")
+		}
+		if d.Rejoined != "" {
+			fmt.Fprintf(&b, " (follows %s)", d.Rejoined)
+		}
+	}
+	if d.LagBytes != nil {
+		fmt.Fprintf(&b, ", lag %s", humanize.IBytes(*d.LagBytes))
+	}
+	return b.String()
 }
 
 func newSwitchoverCmd(stdout io.Writer) *cobra.Command {
