@@ -88,11 +88,17 @@ type MemberSnapshot struct {
 	Status    capability.Status
 	CheckedAt time.Time
 	Updated   time.Time
+	// LeaderFlush: the latest flush position a holder published (a
+	// follower's lag is measured against it); HeartbeatTimeout: the pair's.
+	LeaderFlush      capability.LSN
+	HeartbeatTimeout time.Duration
 }
 
 // MemberSnapshotter holds the latest MemberSnapshot of one member; safe
 // for concurrent use.
-type MemberSnapshotter struct{ p atomic.Pointer[MemberSnapshot] }
+type MemberSnapshotter struct {
+	p atomic.Pointer[MemberSnapshot]
+}
 
 // Load returns the latest snapshot (nil before the member's first step).
 func (s *MemberSnapshotter) Load() *MemberSnapshot {
@@ -137,11 +143,11 @@ type memberActor struct {
 	// lastCheck: the latest check result, for the snapshot.
 	lastCheck   *failover.ProcedureResult
 	lastCheckAt time.Time
-	app      *appender
-	ctx      context.Context
-	cancel   context.CancelFunc
-	timer    *time.Timer
-	tickGen  uint64
+	app         *appender
+	ctx         context.Context
+	cancel      context.CancelFunc
+	timer       *time.Timer
+	tickGen     uint64
 	// conflicted: another process appends to this member's subject; the
 	// member takes no more inputs and stops once its resource is fenced.
 	conflicted bool
@@ -387,7 +393,8 @@ func (a *memberActor) snapshot() {
 	if a.deps.Snapshot == nil {
 		return
 	}
-	v := MemberSnapshot{Pair: a.cfg.Rules.Pair, Site: a.cfg.Site, Phase: a.m.Phase(), Term: a.m.Term(), Updated: time.Now()}
+	v := MemberSnapshot{Pair: a.cfg.Rules.Pair, Site: a.cfg.Site, Phase: a.m.Phase(), Term: a.m.Term(), Updated: time.Now(),
+		LeaderFlush: a.m.LeaderFlush(), HeartbeatTimeout: a.m.Rules().HeartbeatTimeout}
 	if c := a.lastCheck; c != nil {
 		v.Checked, v.CheckOK, v.CheckErr, v.CheckedAt = true, c.OK, c.Detail, a.lastCheckAt
 		if c.Status != nil {

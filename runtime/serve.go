@@ -76,7 +76,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		}
 	}()
 	n.httpAddr = ln.Addr().String()
-	log.Info("http listening", "addr", n.httpAddr, "paths", "/healthz /metrics")
+	log.Info("http listening", "addr", n.httpAddr, "paths", "/healthz /metrics /primary /replica /health")
 
 	runErr := n.run(ctx)
 	if cause := context.Cause(ctx); runErr == nil && cause != nil && !errors.Is(cause, context.Canceled) {
@@ -268,6 +268,9 @@ func (n *node) shutdown(httpSrv *http.Server, httpDone <-chan struct{}) {
 func (n *node) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", n.healthz)
+	mux.HandleFunc("GET /primary", n.endpoint(endpointPrimary))
+	mux.HandleFunc("GET /replica", n.endpoint(endpointReplica))
+	mux.HandleFunc("GET /health", n.endpoint(endpointHealth))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(n.metrics.reg, promhttp.HandlerOpts{
 		ErrorLog: slog.NewLogLogger(n.log.With("component", "metrics").Handler(), slog.LevelWarn),
 	}))
