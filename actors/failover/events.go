@@ -116,6 +116,7 @@ const (
 	AcquireHandoff                            // leader = none names us (demotion handshake)
 	AcquireBootstrap                          // the register was never written
 	AcquireVacant                             // leader = none and we are the preferred primary
+	AcquireOperator                           // an operator's failover request (understudy failover --to)
 )
 
 func (r AcquireReason) String() string {
@@ -128,6 +129,8 @@ func (r AcquireReason) String() string {
 		return "bootstrap"
 	case AcquireVacant:
 		return "vacant"
+	case AcquireOperator:
+		return "operator"
 	}
 	return "unset"
 }
@@ -395,6 +398,61 @@ type ReplicationModeChanged struct {
 	Synchronous bool   `msgpack:"sync"`
 }
 
+// AutomationPaused: the member saw the pair paused (<pair>.pause): it
+// takes over no stale leader, and as a leader hands over neither for
+// failback nor for failed checks. Fencing on its own heartbeat failures
+// stays, and so do operators' switchovers and failovers.
+type AutomationPaused struct {
+	ID     string `msgpack:"id"`
+	Rev    uint64 `msgpack:"rev"`
+	Reason string `msgpack:"reason,omitempty"`
+}
+
+// AutomationResumed: the member saw the pause lifted (understudy resume,
+// or the key deleted; Rev 0: the key was gone when the member started):
+// automatic failover, failback and hand-overs apply again.
+type AutomationResumed struct {
+	ID  string `msgpack:"id,omitempty"`
+	Rev uint64 `msgpack:"rev"`
+}
+
+// ManualFailoverAccepted: this member takes the register of a holder that
+// is gone, as an operator asked (request ID). Forced: the lag rules would
+// have refused it (Overrode says why), and LeaderFlush, Receive and Lag
+// say what it may lose (unknown when zero).
+type ManualFailoverAccepted struct {
+	ID          string         `msgpack:"id"`
+	To          string         `msgpack:"to"`
+	Forced      bool           `msgpack:"forced,omitempty"`
+	Overrode    string         `msgpack:"overrode,omitempty"`
+	Holder      string         `msgpack:"holder,omitempty"` // the register's holder it replaces ("" none)
+	LeaderRev   uint64         `msgpack:"rev"`
+	Stale       time.Duration  `msgpack:"stale,omitempty"`
+	LeaderFlush capability.LSN `msgpack:"leader_flush,omitempty"`
+	Receive     capability.LSN `msgpack:"receive,omitempty"`
+	Lag         uint64         `msgpack:"lag,omitempty"`
+}
+
+// ManualFailoverRejected: this member refused an operator's failover
+// request and does not take the register: the holder is alive (use a
+// switchover), the lag rules forbid it (the numbers; --force overrides),
+// or the request lapsed.
+type ManualFailoverRejected struct {
+	ID          string         `msgpack:"id"`
+	To          string         `msgpack:"to"`
+	Reason      string         `msgpack:"reason"`
+	LeaderFlush capability.LSN `msgpack:"leader_flush,omitempty"`
+	Receive     capability.LSN `msgpack:"receive,omitempty"`
+	Lag         uint64         `msgpack:"lag,omitempty"`
+	Limit       uint64         `msgpack:"limit,omitempty"`
+	Synchronous Synchronous    `msgpack:"sync,omitempty"`
+}
+
+func (*AutomationPaused) EventType() string       { return "failover.automation_paused" }
+func (*AutomationResumed) EventType() string      { return "failover.automation_resumed" }
+func (*ManualFailoverAccepted) EventType() string { return "failover.manual_failover_accepted" }
+func (*ManualFailoverRejected) EventType() string { return "failover.manual_failover_rejected" }
+
 func (*RejoinRequested) EventType() string        { return "failover.rejoin_requested" }
 func (*Rejoined) EventType() string               { return "failover.rejoined" }
 func (*RejoinFailed) EventType() string           { return "failover.rejoin_failed" }
@@ -437,6 +495,7 @@ func RegisterEvents(reg *events.Registry) error {
 		&ConfigApplied{}, &ConfigRejected{}, &SwitchoverAccepted{}, &SwitchoverRejected{},
 		&CheckFailed{}, &CheckRecovered{}, &MemberStopped{},
 		&RejoinRequested{}, &Rejoined{}, &RejoinFailed{}, &PromotionWithheld{}, &ReplicationModeChanged{},
+		&AutomationPaused{}, &AutomationResumed{}, &ManualFailoverAccepted{}, &ManualFailoverRejected{},
 	} {
 		if err := reg.Register(ev, 1); err != nil {
 			return err

@@ -16,7 +16,7 @@ import (
 var updateFuzzCorpus = flag.Bool("update-fuzz-corpus", false, "rewrite testdata/fuzz/FuzzInputOf from its seeds")
 
 // fuzzKeys are the pair's keys a KV value arrives on, by index.
-var fuzzKeys = []string{LeaderKey("pg"), HeartbeatKey("pg", "site-b"), ConfigKey("pg"), SwitchoverKey("pg")}
+var fuzzKeys = []string{LeaderKey("pg"), HeartbeatKey("pg", "site-b"), ConfigKey("pg"), SwitchoverKey("pg"), PauseKey("pg"), ManualFailoverKey("pg")}
 
 // FuzzInputOf: whatever bytes are stored under a pair's key, InputOf never
 // panics and classifies them by the key's rules (a register always becomes

@@ -113,6 +113,21 @@ type SwitchoverObserved struct {
 	Request Switchover
 }
 
+// PauseObserved is a new revision of <pair>.pause (a delete of the key is
+// one with the zero Pause: not paused).
+type PauseObserved struct {
+	Rev   uint64
+	Pause Pause
+}
+
+// ManualFailoverObserved is an operator's failover request seen on the
+// watch; Time is the entry's server timestamp.
+type ManualFailoverObserved struct {
+	Rev     uint64
+	Time    time.Time
+	Request ManualFailover
+}
+
 // ProcKind is a procedure chain run by the member's resource.
 type ProcKind int
 
@@ -154,13 +169,15 @@ type ProcedureResult struct {
 	Status *capability.Status
 }
 
-func (Tick) isInput()               {}
-func (Synced) isInput()             {}
-func (Resynced) isInput()           {}
-func (Shutdown) isInput()           {}
-func (WriteResult) isInput()        {}
-func (LeaderObserved) isInput()     {}
-func (HeartbeatObserved) isInput()  {}
-func (ConfigObserved) isInput()     {}
-func (SwitchoverObserved) isInput() {}
-func (ProcedureResult) isInput()    {}
+func (Tick) isInput()                   {}
+func (Synced) isInput()                 {}
+func (Resynced) isInput()               {}
+func (Shutdown) isInput()               {}
+func (WriteResult) isInput()            {}
+func (LeaderObserved) isInput()         {}
+func (HeartbeatObserved) isInput()      {}
+func (ConfigObserved) isInput()         {}
+func (SwitchoverObserved) isInput()     {}
+func (PauseObserved) isInput()          {}
+func (ManualFailoverObserved) isInput() {}
+func (ProcedureResult) isInput()        {}

@@ -154,6 +154,12 @@ type Member struct {
 	// have to be created (a bootstrap cut short by a fence is redone).
 	bootstrapping bool
 	demoteReason  DemoteReason
+	// paused: the pair is in maintenance (<pair>.pause, pause pauseID):
+	// no takeover, failback or hand-over for failed checks.
+	paused       bool
+	pauseID      string
+	pauseReason  string
+	lastFailover string // the latest operator failover request settled
 
 	// Volatile state, rebuilt from observations after a restart.
 	now          time.Duration
@@ -247,7 +253,22 @@ type Member struct {
 	pubTerm  uint64
 	pubSync  bool
 
+	// pauseRev: the latest <pair>.pause revision seen; failoverReq: an
+	// operator's failover request to this member, not settled yet.
+	pauseRev    uint64
+	failoverReq *pendingFailover
+
 	out Ready
+}
+
+// pendingFailover is an operator's failover request waiting for this
+// member to decide: rev and at are its entry's revision and server time,
+// seenAt the local time it arrived.
+type pendingFailover struct {
+	rev    uint64
+	at     time.Time
+	seenAt time.Duration
+	req    ManualFailover
 }
 
 // NewMember returns the member of rules' pair on site. The rules are
@@ -296,6 +317,9 @@ func (m *Member) Holding() bool { return m.holding() }
 // LostTerm is the last term in which the member saw its CAS lost (0: never).
 func (m *Member) LostTerm() uint64 { return m.lostTerm }
 
+// Paused reports whether the member sees the pair paused (maintenance).
+func (m *Member) Paused() bool { return m.paused }
+
 // Failures is the count of consecutive failed register writes.
 func (m *Member) Failures() int { return m.failures }
 
@@ -306,6 +330,7 @@ func (m *Member) Start(now time.Duration) Ready {
 		site: m.site, opts: m.opts, rules: m.rules, rulesRev: m.rulesRev, bootstrapping: m.bootstrapping,
 		appliedRev: m.appliedRev, rejectedRev: m.rejectedRev, checkHold: m.checkHold,
 		term: m.term, procSeq: m.procSeq, lostTerm: m.lostTerm, lastSwitchover: m.lastSwitchover,
+		paused: m.paused, pauseID: m.pauseID, pauseReason: m.pauseReason, lastFailover: m.lastFailover,
 		now: now,
 	}
 	m.emit(&Started{Pair: m.rules.Pair, Site: m.site, Rules: m.rules})
@@ -338,6 +363,10 @@ func (m *Member) Step(now time.Duration, in Input) Ready {
 		m.onConfig(in)
 	case SwitchoverObserved:
 		m.onSwitchover(in)
+	case PauseObserved:
+		m.onPause(in)
+	case ManualFailoverObserved:
+		m.onManualFailover(in)
 	case ProcedureResult:
 		m.onProcedure(in)
 	case Shutdown:
@@ -355,6 +384,11 @@ func (m *Member) onSynced() {
 		m.synced, m.syncedAt = true, m.now
 		if !m.leaderKnown {
 			m.leaderSeenAt = m.now
+		}
+		if m.paused && m.pauseRev == 0 {
+			// Paused by its log, but the watch showed no pause: the key
+			// was deleted while this member was down.
+			m.emit(&AutomationResumed{})
 		}
 	}
 }
@@ -461,6 +495,14 @@ func (m *Member) Apply(ev events.Event) {
 		m.checkHold = false
 	case *RejoinRequested:
 		m.procSeq, m.procKind = e.Seq, ProcRejoin
+	case *AutomationPaused:
+		m.paused, m.pauseID, m.pauseReason = true, e.ID, e.Reason
+	case *AutomationResumed:
+		m.paused, m.pauseID, m.pauseReason = false, e.ID, ""
+	case *ManualFailoverAccepted:
+		m.lastFailover = e.ID
+	case *ManualFailoverRejected:
+		m.lastFailover = e.ID
 	}
 }
 
@@ -505,6 +547,7 @@ func (m *Member) tick() {
 	} else if m.memberOp == 0 && m.now >= m.nextMemberAt {
 		m.writeMemberBeat()
 	}
+	m.maybeManualFailover()
 	switch m.phase {
 	case PhaseFollower:
 		m.maybeResume()
@@ -540,7 +583,7 @@ func (m *Member) writeRegister() {
 		// announces that it is about to serve: this write is unfenced, and
 		// it serves only once this write has landed (see onBeatSuccess).
 		fenced := m.phase == PhaseSuspended && m.successes < m.rules.SuccessThreshold
-		l := Leader{Site: m.site, Term: m.term, Beat: m.beat + 1, Fenced: fenced, Sync: m.syncReg}
+		l := Leader{Site: m.site, Term: m.term, Beat: m.beat + 1, Fenced: fenced, Sync: m.syncReg, Paused: m.paused, PauseRev: m.pauseRev}
 		if m.opts.Positions && m.statusKnown && m.status.Role == capability.RolePrimary {
 			l.Flush, l.Timeline = m.status.Flush, m.status.Timeline
 		}
@@ -556,7 +599,8 @@ func (m *Member) writeRegister() {
 func (m *Member) writeMemberBeat() {
 	m.memberBeat++
 	ready := m.phase == PhaseFollower && m.memberOK >= m.rules.SuccessThreshold && !m.checkHold && m.watchCaughtUp() && m.workloadReady()
-	hb := Heartbeat{Site: m.site, Beat: m.memberBeat, Phase: m.phase, Ready: ready, RulesRev: m.appliedRev, RejectedRev: m.rejectedRev}
+	hb := Heartbeat{Site: m.site, Beat: m.memberBeat, Phase: m.phase, Ready: ready, RulesRev: m.appliedRev, RejectedRev: m.rejectedRev,
+		Paused: m.paused, PauseRev: m.pauseRev}
 	if m.statusKnown && (m.opts.Positions || m.opts.Rejoin) {
 		st := m.status
 		hb.Role, hb.Timeline, hb.Receive, hb.Replay, hb.Streaming = st.Role, st.Timeline, st.Receive, st.Replay, st.Streaming
@@ -578,7 +622,9 @@ func (m *Member) acquire(reason AcquireReason, expect uint64, stale time.Duratio
 	}
 	term++
 	m.acq.reason = reason
-	m.acq.planned = reason == AcquireHandoff && m.leader.Value.Planned
+	// Leadership an operator chose (a switchover's handoff, a failover
+	// request) is not handed back by failback: auto.
+	m.acq.planned = (reason == AcquireHandoff && m.leader.Value.Planned) || reason == AcquireOperator
 	m.emit(&AcquireAttempted{Reason: reason, Term: term, ExpectRev: expect, Stale: stale})
 	l := Leader{Site: m.site, Term: term}
 	w := Write{Op: m.nextOp(), Kind: WriteAcquire, Key: LeaderKey(m.rules.Pair), Leader: l,
@@ -608,7 +654,7 @@ func (m *Member) maybeAcquire() {
 		switch {
 		case m.site == m.rules.Primary:
 			m.acquire(AcquireBootstrap, 0, 0)
-		case m.ownBeatRev != 0 && localStale > fo:
+		case m.ownBeatRev != 0 && localStale > fo && !m.paused:
 			m.acquire(AcquireBootstrap, 0, 0)
 		}
 		return
@@ -635,10 +681,7 @@ func (m *Member) maybeAcquire() {
 	// a holder cannot write while nobody can, and a stall as long as
 	// failover_timeout (a JetStream election) must not pass for its death.
 	// Like the local clock's check, this can only delay a promotion.
-	serverStale := m.ownBeatTime.Sub(m.leader.Time)
-	if resumed := m.ownBeatTime.Sub(m.storeResumed); m.storeResumed.After(m.leader.Time) && resumed < serverStale {
-		serverStale = resumed
-	}
+	serverStale := m.serverStale()
 	if m.ownBeatRev > m.leader.Rev && serverStale > fo && localStale > fo {
 		m.acquireStale(serverStale)
 		return
@@ -662,6 +705,36 @@ func (m *Member) maybeAcquire() {
 	}
 }
 
+// serverStale is how long the register has not been written by server
+// time: from the leader's last write to this member's latest heartbeat, or
+// from this member's first heartbeat after a stall of the store when that
+// is later (see maybeAcquire).
+func (m *Member) serverStale() time.Duration {
+	s := m.ownBeatTime.Sub(m.leader.Time)
+	if resumed := m.ownBeatTime.Sub(m.storeResumed); m.storeResumed.After(m.leader.Time) && resumed < s {
+		s = resumed
+	}
+	return s
+}
+
+// holderGone reports whether the register's holder counts as gone by the
+// rules of maybeAcquire — stale by server time and by this member's own
+// clock, or fenced for failover_timeout — and for how long.
+func (m *Member) holderGone() (time.Duration, bool) {
+	fo := m.rules.FailoverTimeout
+	stale := m.serverStale()
+	if m.ownBeatRev > m.leader.Rev && stale > fo && m.now-m.leaderSeenAt > fo {
+		return stale, true
+	}
+	if m.leader.Value.Fenced && !m.fencedSince.IsZero() {
+		fencedFor := m.ownBeatTime.Sub(m.fencedSince)
+		if fencedFor > fo && m.now-m.fencedSeenAt > fo {
+			return fencedFor, true
+		}
+	}
+	return stale, false
+}
+
 func (m *Member) maybeResume() {
 	if m.leaderKnown && m.leader.Value.Site == m.site && m.leader.Value.Term > m.lostTerm {
 		m.emit(&Resumed{Term: m.leader.Value.Term, Rev: m.leader.Rev})
@@ -678,7 +751,7 @@ func (m *Member) maybeResume() {
 // maybeFailback hands leadership back to the recovered preferred primary,
 // but only after a takeover: leadership an operator moved here stays.
 func (m *Member) maybeFailback() {
-	if m.rules.Failback != FailbackAuto || m.site == m.rules.Primary {
+	if m.rules.Failback != FailbackAuto || m.site == m.rules.Primary || m.paused {
 		return
 	}
 	if m.plannedLead {
@@ -1048,6 +1121,138 @@ func (m *Member) onSwitchover(s SwitchoverObserved) {
 	m.demote(DemoteSwitchover, req.To)
 }
 
+func (m *Member) onPause(p PauseObserved) {
+	if p.Rev <= m.pauseRev {
+		return
+	}
+	m.pauseRev = p.Rev
+	v := p.Pause
+	switch {
+	case v.Paused && (!m.paused || v.ID != m.pauseID || v.Reason != m.pauseReason):
+		m.emit(&AutomationPaused{ID: v.ID, Rev: p.Rev, Reason: v.Reason})
+	case !v.Paused && m.paused:
+		m.emit(&AutomationResumed{ID: v.ID, Rev: p.Rev})
+	}
+}
+
+// onManualFailover keeps an operator's failover request to this member
+// until the member can decide on it (maybeManualFailover). A newer
+// request replaces one not yet settled, which is refused.
+func (m *Member) onManualFailover(f ManualFailoverObserved) {
+	req := f.Request
+	if req.ID == "" || req.ID == m.lastFailover || req.To != m.site {
+		return
+	}
+	if p := m.failoverReq; p != nil {
+		if p.req.ID == req.ID || f.Rev <= p.rev {
+			return
+		}
+		m.emit(&ManualFailoverRejected{ID: p.req.ID, To: m.site, Reason: "superseded by failover request " + req.ID})
+	}
+	m.failoverReq = &pendingFailover{rev: f.Rev, at: f.Time, seenAt: m.now, req: req}
+}
+
+// maybeManualFailover settles an operator's failover request to this
+// member once it can: as a follower whose watch has caught up (so it
+// knows the register and the server time), when the holder is gone by the
+// usual staleness rules (or nobody holds the register) — refused when
+// the holder writes unfenced after the request (it lives: a switchover
+// moves leadership then) or when the lag rules forbid it without Force;
+// refused too when it lapses (Within) before any of that.
+func (m *Member) maybeManualFailover() {
+	p := m.failoverReq
+	if p == nil {
+		return
+	}
+	req := p.req
+	reject := func(ev *ManualFailoverRejected) {
+		ev.ID, ev.To = req.ID, m.site
+		m.failoverReq = nil
+		m.emit(ev)
+	}
+	lapsed := fmt.Sprintf("no decision within %v of the request (this member was not a follower that knows the register and the server's time)", req.within())
+	switch {
+	case m.holding():
+		reject(&ManualFailoverRejected{Reason: fmt.Sprintf("this member already holds the register (term %d, phase %v)", m.term, m.phase)})
+		return
+	case m.now-p.seenAt > req.within():
+		reject(&ManualFailoverRejected{Reason: lapsed})
+		return
+	case m.phase != PhaseFollower || !m.watchCaughtUp() || m.inflight != nil || m.now < m.acquireAt:
+		return // decide later
+	case m.ownBeatTime.Sub(p.at) > req.within():
+		reject(&ManualFailoverRejected{Reason: fmt.Sprintf("lapsed: written %v before this member's latest heartbeat (server time), more than its %v",
+			m.ownBeatTime.Sub(p.at).Round(time.Millisecond), req.within())})
+		return
+	}
+	var expect uint64
+	var stale time.Duration
+	holder := ""
+	if m.leaderKnown {
+		expect = m.leader.Rev
+		v := m.leader.Value
+		holder = v.Site
+		if v.Site != "" || m.leader.Corrupt {
+			if v.Site != "" && m.leader.Rev > p.rev && !v.Fenced {
+				reject(&ManualFailoverRejected{Reason: fmt.Sprintf("%s holds the register and writes it (term %d, revision %d written after the request): it is alive; use understudy switchover --to %s",
+					v.Site, v.Term, m.leader.Rev, m.site)})
+				return
+			}
+			var gone bool
+			if stale, gone = m.holderGone(); !gone {
+				return // the holder may still be dying: decide once it is gone, or writes again
+			}
+		}
+	}
+	why, lag := m.manualFailoverBlocked()
+	own := max(m.status.Receive, m.status.Flush)
+	if why != "" && !req.Force {
+		reject(&ManualFailoverRejected{Reason: why + "; --force promotes regardless", LeaderFlush: m.pubFlush, Receive: own, Lag: lag,
+			Limit: m.rules.MaxLagOnFailover, Synchronous: m.rules.Synchronous})
+		return
+	}
+	m.failoverReq = nil
+	m.emit(&ManualFailoverAccepted{ID: req.ID, To: m.site, Forced: why != "", Overrode: why, Holder: holder, LeaderRev: expect, Stale: stale,
+		LeaderFlush: m.pubFlush, Receive: own, Lag: lag})
+	m.acquire(AcquireOperator, expect, stale)
+}
+
+// manualFailoverBlocked says why the lag rules forbid an operator's
+// failover to this member ("" when they allow it), with the lag when
+// known. They are those of a takeover, but with synchronous on or strict
+// a register that does not say sync forbids it only when this member
+// lacks some of what the holder published: the operator saw the leader
+// go and chose, and commits acknowledged after its last register write
+// are what any takeover risks.
+func (m *Member) manualFailoverBlocked() (string, uint64) {
+	if !m.opts.Positions {
+		return "", 0
+	}
+	own := max(m.status.Receive, m.status.Flush)
+	switch {
+	case !m.statusKnown || !m.status.Positions:
+		return "this member's replication position is unknown (no check has reported it since the start)", 0
+	case m.pubFlush == 0:
+		return "no holder published its log position in the register: what this member lacks is unknown", 0
+	case own == 0:
+		return "this member's workload has received no log from the leader", 0
+	}
+	lag := capability.Lag(m.pubFlush, own)
+	switch m.rules.Synchronous {
+	case SyncOn, SyncStrict:
+		if m.pubSync || lag == 0 {
+			return "", lag
+		}
+		return fmt.Sprintf("the register says the leader's commits did not wait for this member (synchronous: %s) and this member lacks %d bytes of what it published (leader flushed %s, this member has %s): acknowledged commits would be lost",
+			m.rules.Synchronous, lag, m.pubFlush, own), lag
+	}
+	if lag > m.rules.MaxLagOnFailover {
+		return fmt.Sprintf("lag at the last contact is %d bytes (leader flushed %s, this member has %s), over maximum_lag_on_failover, %d",
+			lag, m.pubFlush, own, m.rules.MaxLagOnFailover), lag
+	}
+	return "", lag
+}
+
 // syncHandoffBlocked says why, with synchronous on or strict, a planned
 // hand-over must wait ("" when it need not): the other member takes the
 // register only while it says sync, since only then does it have every
@@ -1234,7 +1439,23 @@ func (m *Member) withheld() (string, uint64) {
 // acquireStale takes over a stale leader unless the lag rules withhold
 // it; a withheld promotion is recorded once per register revision.
 func (m *Member) acquireStale(stale time.Duration) {
+	if m.paused {
+		if m.withheldRev != m.leader.Rev {
+			m.withheldRev = m.leader.Rev
+			m.emit(&PromotionWithheld{LeaderRev: m.leader.Rev, Reason: m.pausedBecause(), Limit: m.rules.MaxLagOnFailover, Synchronous: m.rules.Synchronous})
+		}
+		return
+	}
 	m.acquireChecked(AcquireStale, stale)
+}
+
+// pausedBecause says that the pair is paused, and the operator's reason.
+func (m *Member) pausedBecause() string {
+	why := "automatic failover is paused (pause " + m.pauseID
+	if m.pauseReason != "" {
+		why += ": " + m.pauseReason
+	}
+	return why + "); an operator can run understudy failover --to " + m.site
 }
 
 // acquireChecked takes the register for reason unless the lag rules
@@ -1359,7 +1580,11 @@ func (m *Member) onCheck(r ProcedureResult) {
 		m.emit(&CheckFailed{Seq: r.Seq, Failures: m.checkFails, Detail: r.Detail})
 		return
 	}
-	if reason := m.peerNotReady(); reason != "" {
+	reason := m.peerNotReady()
+	if m.paused {
+		reason = "automatic failover is paused (pause " + m.pauseID + ")"
+	}
+	if reason != "" {
 		m.emit(&CheckFailed{Seq: r.Seq, Failures: m.checkFails, Detail: r.Detail + "; keeps leading: " + reason})
 		return
 	}

@@ -188,6 +188,17 @@ func TestTranscripts(t *testing.T) {
 				id, _ := arg("id")
 				w.logf("oper", "switchover requested to %s", to)
 				w.put(SwitchoverKey(w.rules.Pair), EncodeSwitchover(Switchover{ID: id, To: to, Requested: w.serverTime()}))
+			case "pause", "resume":
+				id, _ := arg("id")
+				reason, _ := arg("reason")
+				w.logf("oper", "%s (id %s) %s", d.Cmd, id, reason)
+				w.put(PauseKey(w.rules.Pair), EncodePause(Pause{ID: id, Paused: d.Cmd == "pause", Reason: reason, At: w.serverTime()}))
+			case "failover":
+				to, _ := arg("to")
+				id, _ := arg("id")
+				_, force := arg("force")
+				w.logf("oper", "failover requested to %s force=%v", to, force)
+				w.put(ManualFailoverKey(w.rules.Pair), EncodeManualFailover(ManualFailover{ID: id, To: to, Force: force, Requested: w.serverTime(), Within: dur("within", 0)}))
 			case "garbage":
 				w.logf("oper", "a value that is not msgpack is written to the register")
 				w.put(LeaderKey(w.rules.Pair), []byte("not msgpack \xc1"))
@@ -205,7 +216,11 @@ func TestTranscripts(t *testing.T) {
 						fmt.Fprintf(&out, "%s: not started\n", s)
 						continue
 					}
-					fmt.Fprintf(&out, "%s: alive=%v phase=%v term=%d serving=%v failures=%d\n", s, n.alive, n.m.Phase(), n.m.Term(), n.serving, n.m.Failures())
+					paused := ""
+					if n.m.Paused() {
+						paused = " paused"
+					}
+					fmt.Fprintf(&out, "%s: alive=%v phase=%v term=%d serving=%v failures=%d%s\n", s, n.alive, n.m.Phase(), n.m.Term(), n.serving, n.m.Failures(), paused)
 				}
 				if e, ok := w.kv[LeaderKey(w.rules.Pair)]; ok {
 					l, _ := DecodeLeader(e.value)

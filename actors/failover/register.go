@@ -24,6 +24,13 @@ func ConfigKey(pair string) string { return pair + ".config" }
 // SwitchoverKey holds the latest operator switchover request.
 func SwitchoverKey(pair string) string { return pair + ".switchover" }
 
+// PauseKey holds the pair's maintenance mode (understudy pause, resume).
+func PauseKey(pair string) string { return pair + ".pause" }
+
+// ManualFailoverKey holds the latest operator failover request
+// (understudy failover --to).
+func ManualFailoverKey(pair string) string { return pair + ".failover" }
+
 // Leader is the value of the leadership register. Site "" means nobody
 // holds it (after a clean demotion); Handoff then names who should take it.
 type Leader struct {
@@ -46,6 +53,10 @@ type Leader struct {
 	Flush    capability.LSN `msgpack:"fl,omitempty"`
 	Timeline uint32         `msgpack:"tl,omitempty"`
 	Sync     bool           `msgpack:"sy,omitempty"`
+	// Paused and PauseRev: the holder's view of <pair>.pause (the
+	// revision it saw last, 0 none), for status.
+	Paused   bool   `msgpack:"pz,omitempty"`
+	PauseRev uint64 `msgpack:"pr,omitempty"`
 }
 
 func (l Leader) String() string {
@@ -87,6 +98,10 @@ type Heartbeat struct {
 	// Rejoined names the leader site the workload follows after a Rejoin
 	// ("" when it follows nobody, or the workload does not rejoin).
 	Rejoined string `msgpack:"rj,omitempty"`
+	// Paused and PauseRev: the member's view of <pair>.pause (the revision
+	// it saw last, 0 none), for status.
+	Paused   bool   `msgpack:"pz,omitempty"`
+	PauseRev uint64 `msgpack:"pr,omitempty"`
 }
 
 // Switchover is an operator's request to move leadership to To.
@@ -94,6 +109,42 @@ type Switchover struct {
 	ID        string    `msgpack:"id"`
 	To        string    `msgpack:"to"`
 	Requested time.Time `msgpack:"at"`
+}
+
+// Pause is the value of PauseKey. While Paused, no member moves
+// leadership on its own: no takeover of a stale leader, no failback, no
+// hand-over for failed checks. Fencing, operators' switchovers and
+// failovers go on. A missing key means not paused.
+type Pause struct {
+	ID     string    `msgpack:"id"`
+	Paused bool      `msgpack:"paused"`
+	Reason string    `msgpack:"reason,omitempty"`
+	At     time.Time `msgpack:"at"`
+}
+
+// DefaultFailoverWithin is how long a failover request stays valid when
+// it does not say (ManualFailover.Within).
+const DefaultFailoverWithin = 30 * time.Second
+
+// ManualFailover is an operator's request that To take the register of a
+// leader that is gone. Without Force, To refuses when the lag rules would
+// withhold the promotion.
+type ManualFailover struct {
+	ID        string    `msgpack:"id"`
+	To        string    `msgpack:"to"`
+	Force     bool      `msgpack:"force,omitempty"`
+	Requested time.Time `msgpack:"at"`
+	// Within: the request lapses when To has not acted on it within this
+	// much server time after it was written (0: DefaultFailoverWithin), so
+	// a member that starts hours later does not act on it.
+	Within time.Duration `msgpack:"within,omitempty"`
+}
+
+func (f ManualFailover) within() time.Duration {
+	if f.Within > 0 {
+		return f.Within
+	}
+	return DefaultFailoverWithin
 }
 
 // EncodeLeader and the functions below are the wire form of the KV values.
@@ -161,6 +212,32 @@ func DecodeSwitchover(b []byte) (Switchover, error) {
 	return s, nil
 }
 
+// EncodePause returns the wire form of a pause value.
+func EncodePause(p Pause) []byte { return mustMarshal(p) }
+
+// DecodePause reads a pause value.
+func DecodePause(b []byte) (Pause, error) {
+	var p Pause
+	if err := decodeValue(b, &p); err != nil {
+		return Pause{}, fmt.Errorf("decode pause: %w", err)
+	}
+	p.At = p.At.UTC()
+	return p, nil
+}
+
+// EncodeManualFailover returns the wire form of a failover request.
+func EncodeManualFailover(f ManualFailover) []byte { return mustMarshal(f) }
+
+// DecodeManualFailover reads a failover request.
+func DecodeManualFailover(b []byte) (ManualFailover, error) {
+	var f ManualFailover
+	if err := decodeValue(b, &f); err != nil {
+		return ManualFailover{}, fmt.Errorf("decode failover request: %w", err)
+	}
+	f.Requested = f.Requested.UTC()
+	return f, nil
+}
+
 // EncodeRules returns the wire form of the rules kept under ConfigKey.
 func EncodeRules(r Rules) []byte { return mustMarshal(r) }
 
@@ -199,8 +276,10 @@ func mustMarshal(v any) []byte {
 }
 
 // InputOf is the member input a KV entry of the pair means: the register,
-// a member heartbeat, the rules, a switchover request. nil, nil for a
-// delete or a key that is not the pair's. A heartbeat or switchover value
+// a member heartbeat, the rules, a switchover request, the pause, a
+// failover request. nil, nil for a delete (except of the pause: a pair
+// whose pause is deleted is not paused) or a key that is not the pair's.
+// A heartbeat, switchover, pause or failover value
 // that does not decode is an error and no input (the caller reports it and
 // the member never sees it); a register value that does not decode is both
 // an error to report and an input, LeaderObserved with a Corrupt entry
@@ -208,6 +287,9 @@ func mustMarshal(v any) []byte {
 // (ConfigObserved with DecodeErr), which the member records as refused.
 func InputOf(pair string, e events.Entry) (Input, error) {
 	if e.Op != events.OpPut {
+		if e.Key == PauseKey(pair) && e.Revision != 0 {
+			return PauseObserved{Rev: e.Revision}, nil
+		}
 		return nil, nil
 	}
 	switch {
@@ -232,6 +314,18 @@ func InputOf(pair string, e events.Entry) (Input, error) {
 			return nil, fmt.Errorf("corrupt switchover request: %w", err)
 		}
 		return SwitchoverObserved{Rev: e.Revision, Request: s}, nil
+	case e.Key == PauseKey(pair):
+		p, err := DecodePause(e.Value)
+		if err != nil {
+			return nil, fmt.Errorf("corrupt pause value: %w", err)
+		}
+		return PauseObserved{Rev: e.Revision, Pause: p}, nil
+	case e.Key == ManualFailoverKey(pair):
+		f, err := DecodeManualFailover(e.Value)
+		if err != nil {
+			return nil, fmt.Errorf("corrupt failover request: %w", err)
+		}
+		return ManualFailoverObserved{Rev: e.Revision, Time: e.Time, Request: f}, nil
 	}
 	return nil, nil
 }

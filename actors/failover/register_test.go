@@ -48,3 +48,26 @@ func TestInputOf(t *testing.T) {
 		}
 	}
 }
+
+// A pause deleted from the bucket is a pair that is not paused; a failover
+// request carries its entry's server time.
+func TestInputOfOperatorKeys(t *testing.T) {
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	in, err := InputOf("p", events.Entry{Key: PauseKey("p"), Revision: 7, Time: at, Op: events.OpDelete})
+	if po, ok := in.(PauseObserved); err != nil || !ok || po.Rev != 7 || po.Pause.Paused {
+		t.Errorf("pause deleted: %#v %v", in, err)
+	}
+	in, err = InputOf("p", events.Entry{Key: PauseKey("p"), Revision: 8, Time: at, Op: events.OpPut,
+		Value: EncodePause(Pause{ID: "x", Paused: true, Reason: "upgrade", At: at})})
+	if po, ok := in.(PauseObserved); err != nil || !ok || !po.Pause.Paused || po.Pause.Reason != "upgrade" || po.Pause.ID != "x" {
+		t.Errorf("pause: %#v %v", in, err)
+	}
+	req := ManualFailover{ID: "y", To: "b", Force: true, Requested: at, Within: time.Minute}
+	in, err = InputOf("p", events.Entry{Key: ManualFailoverKey("p"), Revision: 9, Time: at, Op: events.OpPut, Value: EncodeManualFailover(req)})
+	if fo, ok := in.(ManualFailoverObserved); err != nil || !ok || fo.Request != req || !fo.Time.Equal(at) || fo.Rev != 9 {
+		t.Errorf("failover: %#v %v", in, err)
+	}
+	if in, err := InputOf("p", events.Entry{Key: ManualFailoverKey("p"), Revision: 10, Op: events.OpPut, Value: []byte{0xc1}}); in != nil || err == nil {
+		t.Errorf("corrupt failover request: %#v %v", in, err)
+	}
+}

@@ -193,6 +193,12 @@ func (w *world) inputFor(key string, e kvEntry) Input {
 			w.t.Fatalf("switchover value: %v", err)
 		}
 		return SwitchoverObserved{Rev: e.rev, Request: s}
+	case key == PauseKey(p), key == ManualFailoverKey(p):
+		in, err := InputOf(p, events.Entry{Key: key, Value: e.value, Revision: e.rev, Time: e.at, Op: events.OpPut})
+		if err != nil {
+			w.t.Fatalf("%s value: %v", key, err)
+		}
+		return in
 	}
 	return nil
 }
