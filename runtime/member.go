@@ -430,14 +430,21 @@ func transitionLevel(ev events.Event) slog.Level {
 	if f, ok := ev.(*failover.FenceRequested); ok && f.Reason == failover.FenceRestart {
 		return slog.LevelInfo // every start comes up fenced
 	}
+	if f, ok := ev.(*failover.ManualFailoverAccepted); ok {
+		if f.Forced {
+			return slog.LevelWarn // it may lose commits: say what it overrode
+		}
+		return slog.LevelInfo
+	}
 	switch ev.(type) {
 	case *failover.HeartbeatFailed, *failover.FenceRequested, *failover.FenceFailed, *failover.PromoteFailed,
 		*failover.DemoteFailed, *failover.LeadershipLost, *failover.ConfigRejected, *failover.PromotionRejected,
-		*failover.AcquireFailed, *failover.SwitchoverRejected:
+		*failover.AcquireFailed, *failover.SwitchoverRejected, *failover.ManualFailoverRejected, *failover.AutomationPaused:
 		return slog.LevelWarn
 	case *failover.Started, *failover.Fenced, *failover.Promoted, *failover.Resumed, *failover.Unfenced,
 		*failover.ServingStarted, *failover.HeartbeatRecovered, *failover.DemotionRequested, *failover.Demoted,
-		*failover.Released, *failover.ConfigApplied, *failover.SwitchoverAccepted, *failover.AcquireAttempted:
+		*failover.Released, *failover.ConfigApplied, *failover.SwitchoverAccepted, *failover.AcquireAttempted,
+		*failover.AutomationResumed:
 		return slog.LevelInfo
 	}
 	return slog.LevelDebug
@@ -592,6 +599,7 @@ func (a *memberActor) feed(e events.Entry) {
 		// that no member writes is nothing a member reads.
 		p, r := a.cfg.Rules.Pair, a.cfg.Rules
 		a.fed = map[string]uint64{failover.LeaderKey(p): 0, failover.ConfigKey(p): 0, failover.SwitchoverKey(p): 0,
+			failover.PauseKey(p): 0, failover.ManualFailoverKey(p): 0,
 			failover.HeartbeatKey(p, r.Primary): 0, failover.HeartbeatKey(p, r.Replica): 0}
 	}
 	last, ours := a.fed[e.Key]

@@ -139,6 +139,7 @@ type PairStatus struct {
 	LeaderAge  float64               `json:"leader_write_age_s"`
 	Heartbeats map[string]SiteStatus `json:"heartbeats"`
 	Rules      *RulesStatus          `json:"rules,omitempty"`
+	Pause      *PauseStatus          `json:"pause,omitempty"` // operator.go
 	ServerTime time.Time             `json:"server_time"`
 }
 
@@ -360,6 +361,7 @@ func pairStatus(ctx context.Context, kv events.KV, pair string, now time.Time) (
 			f.DB.LagBytes = &lag
 		}
 	}
+	st.Pause = pauseStatus(ctx, kv, pair)
 	return st, nil
 }
 
@@ -376,6 +378,7 @@ func printStatus(w io.Writer, st PairStatus) {
 		leader += " (fenced)"
 	}
 	fmt.Fprintf(w, "pair %s\n  leader   %s, term %d, last register write %.1fs ago\n", st.Pair, leader, st.Term, st.LeaderAge)
+	printPause(w, st.Pause)
 	sites := make([]string, 0, len(st.Heartbeats))
 	for s := range st.Heartbeats {
 		sites = append(sites, s)
