@@ -1671,10 +1671,25 @@ func (c *computation) timeline() {
 		c.r.Timeline = append(c.r.Timeline, te)
 	}
 	for _, w := range c.switchovers {
-		te := kvEvent(w, "kv.switchover_requested")
-		if s, err := failover.DecodeSwitchover(w.value); err == nil {
-			te.Detail = fmt.Sprintf("id=%s to=%s", s.ID, s.To)
-			te.Site = s.To
+		var te TimelineEvent
+		switch {
+		case strings.HasSuffix(w.key, ".pause"):
+			te = kvEvent(w, "kv.pause_written")
+			if p, err := failover.DecodePause(w.value); err == nil {
+				te.Detail = fmt.Sprintf("id=%s paused=%v reason=%q", p.ID, p.Paused, p.Reason)
+			}
+		case strings.HasSuffix(w.key, ".failover"):
+			te = kvEvent(w, "kv.failover_requested")
+			if f, err := failover.DecodeManualFailover(w.value); err == nil {
+				te.Detail = fmt.Sprintf("id=%s to=%s force=%v", f.ID, f.To, f.Force)
+				te.Site = f.To
+			}
+		default:
+			te = kvEvent(w, "kv.switchover_requested")
+			if s, err := failover.DecodeSwitchover(w.value); err == nil {
+				te.Detail = fmt.Sprintf("id=%s to=%s", s.ID, s.To)
+				te.Site = s.To
+			}
 		}
 		c.r.Timeline = append(c.r.Timeline, te)
 	}

@@ -61,7 +61,7 @@ type Fold struct {
 	reg         series[regWrite]
 	hbs         series[hbWrite]
 	configs     []kvWrite
-	switchovers []kvWrite
+	switchovers []kvWrite // and the operator's other requests: pause, failover
 	markers     []kvWrite // delete and purge markers of the pair's keys
 	evs         []eventRec
 
@@ -311,8 +311,8 @@ func (f *Fold) classify(stream, subject string) *subjectInfo {
 			si.kind = kindLeader
 		case rest == "config":
 			si.kind = kindConfig
-		case rest == "switchover":
-			si.kind = kindSwitchover
+		case rest == "switchover", rest == "pause", rest == "failover":
+			si.kind = kindSwitchover // an operator's request, by key
 		case strings.HasPrefix(rest, "hb.") && len(rest) > 3 && !strings.Contains(rest[3:], "."):
 			si.kind, si.site = kindHeartbeat, int32(f.siteIndex(rest[3:]))
 		default:
