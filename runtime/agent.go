@@ -63,8 +63,15 @@ type AgentConfig struct {
 	// processes it started, the files it wrote. Default:
 	// DefaultDataDir()/agent/<id>.
 	StateDir string
+	// Host is the node's failover host: the postgres-pair kind adds its
+	// members to it and removes them (Serve sets it). Without one, that
+	// kind is Refused.
+	Host *Host
 	// kinds are added to the registry (tests: a kind that panics).
 	kinds []resources.Reconciler
+	// pgKeeper is the PostgreSQL keeper's command of the postgres-pair
+	// kind's members (tests: the test binary); default understudy pg-keeper.
+	pgKeeper []string
 }
 
 // DefaultAgentCallTimeout is AgentConfig.CallTimeout's default.
@@ -150,6 +157,7 @@ func agentRegistry(cfg AgentConfig, proc *resources.Process, logger *slog.Logger
 	reg.Register(libvirt.NewVMReconciler(hv, cfg.ID))
 	reg.Register(libvirt.NewNetworkReconciler(hv, cfg.ID))
 	reg.Register(resources.NewContainer(cfg.Podman))
+	reg.Register(&pairKind{agent: cfg.ID, host: cfg.Host, keeper: cfg.pgKeeper})
 	for _, k := range cfg.kinds {
 		reg.Register(k)
 	}
@@ -821,6 +829,16 @@ func (ra *managedActor) Receive(c *actor.Context) {
 				return err
 			})
 			if err == nil && o.InSync {
+				// Facts that change while in sync (a pair member's phase)
+				// reach the status, over those reported before; no event.
+				details := maps.Clone(ra.last.Details)
+				if details == nil && len(o.Details) > 0 {
+					details = map[string]string{}
+				}
+				maps.Copy(details, o.Details)
+				if !maps.Equal(details, ra.last.Details) {
+					ra.report(c, agent.ResourceStatus{Phase: agent.Ready, Details: details}, nil)
+				}
 				ra.schedule(c, ra.cfg.ObserveInterval)
 				return
 			}
@@ -1022,9 +1040,19 @@ func (ra *managedActor) schedule(c *actor.Context, d time.Duration) {
 // makes it fail with events.ErrConflict rather than lose either). m is
 // validated first against reg: fields and rules of the known kinds; a
 // kind reg does not know is left to the agent (UnknownResource).
+//
+// The postgres-pair resources belong to pair manifests (ApplyPair writes
+// them into both sites' agents): m may not hold one, and those stored
+// are kept, so that applying an agent's manifest never stops a database.
 func ApplyManifest(ctx context.Context, kv events.KV, m agent.Manifest, reg resources.Registry) (agent.Manifest, uint64, error) {
 	if err := m.Validate(reg, false); err != nil {
 		return m, 0, err
+	}
+	for i, r := range m.Resources {
+		if r.Kind == PostgresPairKind {
+			return m, 0, &agent.ManifestError{Field: fmt.Sprintf("resources[%d].kind", i),
+				Rule: "a postgres-pair is applied as a manifest of its own (kind: postgres-pair at the top), which reaches both sites' agents; take it out of this one"}
+		}
 	}
 	key := agent.DesiredKey(m.Agent)
 	cur, err := kv.Get(ctx, key)
@@ -1042,6 +1070,15 @@ func ApplyManifest(ctx context.Context, kv events.KV, m agent.Manifest, reg reso
 	}
 	if old, err := agent.DecodeManifest(cur.Value); err == nil {
 		m.Generation = old.Generation + 1
+		for _, r := range old.Resources {
+			if r.Kind != PostgresPairKind {
+				continue
+			}
+			if slices.ContainsFunc(m.Resources, func(x agent.Resource) bool { return x.ID == r.ID }) {
+				return m, 0, &agent.ManifestError{Field: "resources", Rule: fmt.Sprintf("id %s is the postgres-pair %s this agent runs: give the resource another id", r.ID, r.ID)}
+			}
+			m.Resources = append(m.Resources, r)
+		}
 	} else {
 		// A stored value that does not decode (written around apply) is
 		// replaced, never a reason to refuse: its generation is unknown,

@@ -2,10 +2,12 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -70,12 +72,17 @@ type Host struct {
 	logger  *slog.Logger
 	metrics *MemberMetrics
 
+	// What AddMember needs to build and run a member as StartHost does.
+	drivers procedure.Drivers
+	lvcfg   libvirt.DriverConfig
+	observe func(Transition)
+
 	mu       sync.Mutex
 	slots    []*memberSlot
 	stopping bool
-	// closers: the workloads the host made (PostgreSQL's keeper and
-	// server), closed once every member has stopped.
-	closers []io.Closer
+	// adding: the members AddMember is building (pair/site), so that two
+	// calls never build one member twice.
+	adding map[string]bool
 }
 
 // Restart backoff of a stopped member: doubles from memberRestartMin to
@@ -102,6 +109,28 @@ type memberSlot struct {
 	stops     int
 	backoff   time.Duration
 	timer     *time.Timer
+	// closer: the workload the host made for it (PostgreSQL's keeper and
+	// server), closed once its member has stopped; nil for exec chains.
+	closer io.Closer
+	// dynamic: added by AddMember (the agent), not by the node file; only
+	// those may be removed. removing: RemoveMember runs; removed is
+	// closed when it is done.
+	dynamic  bool
+	removing bool
+	removed  chan struct{}
+}
+
+// onceCloser closes its workload once: Stop and RemoveMember may both
+// reach a member's.
+type onceCloser struct {
+	once sync.Once
+	c    io.Closer
+	err  error
+}
+
+func (o *onceCloser) Close() error {
+	o.once.Do(func() { o.err = o.c.Close() })
+	return o.err
 }
 
 // MemberState is what the node's health check reports of one member.
@@ -171,7 +200,7 @@ func (h *Host) spawn(sl *memberSlot) {
 func (h *Host) memberStopped(sl *memberSlot, gen int, reason string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if sl.gen != gen || sl.stopped || h.stopping {
+	if sl.gen != gen || sl.stopped || h.stopping || sl.removing {
 		return
 	}
 	now := time.Now()
@@ -198,7 +227,7 @@ func (h *Host) memberStopped(sl *memberSlot, gen int, reason string) {
 	sl.timer = time.AfterFunc(sl.backoff, func() {
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		if h.stopping || sl.gen != gen || !sl.stopped {
+		if h.stopping || sl.gen != gen || !sl.stopped || sl.removing {
 			return
 		}
 		h.logger.Info("member restarts", "pair", pair, "site", site, "after", sl.backoff)
@@ -220,7 +249,8 @@ func (h *Host) pids() []*actor.PID {
 }
 
 // StartHost spawns one member actor per entry of members. The stream and
-// bucket must exist (Provision creates them).
+// bucket must exist (Provision creates them). More members may be added
+// and removed while it runs (AddMember, RemoveMember).
 func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket string, members []MemberConfig, opts HostOptions) (*Host, error) {
 	logger := opts.Logger
 	if logger == nil {
@@ -238,83 +268,252 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 	if err != nil {
 		return nil, fmt.Errorf("runtime: actor engine: %w", err)
 	}
-	h := &Host{engine: engine, Log: evlog, KV: kv, logger: logger, metrics: opts.Metrics}
-	drivers := opts.Drivers
-	if drivers == nil {
+	h := &Host{engine: engine, Log: evlog, KV: kv, logger: logger, metrics: opts.Metrics,
+		lvcfg: opts.LibvirtDriver, observe: opts.Observe, adding: map[string]bool{}}
+	h.drivers = opts.Drivers
+	if h.drivers == nil {
 		h.libvirt = libvirt.NewDriverProcess(opts.LibvirtDriver, logger)
-		drivers = DefaultDrivers(h.libvirt)
+		h.drivers = DefaultDrivers(h.libvirt)
 	}
-	workloads := make([]MemberConfig, 0, len(members))
+	slots := make([]*memberSlot, 0, len(members))
 	for _, mc := range members {
-		mc, err := h.workload(mc, drivers, opts.LibvirtDriver)
+		mc, closer, err := h.workload(mc)
 		if err != nil {
-			h.closeWorkloads()
+			for _, sl := range slots {
+				h.closeWorkload(sl)
+			}
 			return nil, err
 		}
-		workloads = append(workloads, mc)
+		slots = append(slots, h.newSlot(mc, closer))
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for _, mc := range workloads {
-		sl := &memberSlot{cfg: mc, deps: MemberDeps{Log: evlog, KV: kv, Drivers: drivers, Logger: logger, Observe: opts.Observe, Metrics: opts.Metrics,
-			Snapshot: &MemberSnapshotter{}}}
+	for _, sl := range slots {
 		h.slots = append(h.slots, sl)
 		h.spawn(sl)
-		logger.Info("member started", "pair", mc.Rules.Pair, "site", mc.Site)
+		logger.Info("member started", "pair", sl.cfg.Rules.Pair, "site", sl.cfg.Site)
 	}
 	return h, nil
+}
+
+func (h *Host) newSlot(mc MemberConfig, closer io.Closer) *memberSlot {
+	sl := &memberSlot{cfg: mc, deps: MemberDeps{Log: h.Log, KV: h.KV, Drivers: h.drivers, Logger: h.logger, Observe: h.observe, Metrics: h.metrics,
+		Snapshot: &MemberSnapshotter{}}}
+	if closer != nil {
+		sl.closer = &onceCloser{c: closer}
+	}
+	return sl
+}
+
+// ErrHostStopped: the host is stopping; it starts no member any more.
+var ErrHostStopped = errors.New("runtime: the node's failover host is stopping")
+
+// slot returns the slot of pair's member site, nil if none. h.mu is held.
+func (h *Host) slot(pair, site string) *memberSlot {
+	for _, sl := range h.slots {
+		if sl.cfg.Rules.Pair == pair && sl.cfg.Site == site {
+			return sl
+		}
+	}
+	return nil
+}
+
+// AddMember starts one more member while the host runs (the agent's
+// postgres-pair kind does): its workload is made as StartHost makes it
+// (a PostgreSQL's keeper is started, a foreign server stopped), fence_grace
+// is checked against the workload's fence, and the member is restarted
+// after a backoff if it stops, like the others. mc is copied. It fails if
+// pair/site is hosted already (by the node file or an earlier AddMember),
+// or the host is stopping (ErrHostStopped). Safe for concurrent use; it
+// blocks while the workload starts (seconds), never while another member
+// is added or removed.
+func (h *Host) AddMember(mc MemberConfig) error {
+	key := mc.Rules.Pair + "/" + mc.Site
+	h.mu.Lock()
+	switch {
+	case h.stopping:
+		h.mu.Unlock()
+		return ErrHostStopped
+	case h.slot(mc.Rules.Pair, mc.Site) != nil || h.adding[key]:
+		h.mu.Unlock()
+		return fmt.Errorf("runtime: member %s is hosted already on this node (its node file's pairs, or another resource): remove it first", key)
+	}
+	h.adding[key] = true
+	h.mu.Unlock()
+	mc, closer, err := h.workload(mc)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.adding, key)
+	if err != nil {
+		return err
+	}
+	sl := h.newSlot(mc, closer)
+	sl.dynamic = true
+	if h.stopping {
+		h.closeWorkload(sl)
+		return ErrHostStopped
+	}
+	h.slots = append(h.slots, sl)
+	h.spawn(sl)
+	h.logger.Info("member added", "pair", mc.Rules.Pair, "site", mc.Site)
+	return nil
+}
+
+// RemoveMember stops a member AddMember added, for good: a leading member
+// first hands over cleanly (as at a node's shutdown, waiting at most its
+// fence_grace and three heartbeats, 5 s at least, or until ctx ends), then
+// its actor stops and its workload is closed (a PostgreSQL
+// is shut down; its data directory stays). Removing a member that is not
+// hosted succeeds; one of the node file is refused. Safe for concurrent
+// use: a second call for the same member waits for the first.
+func (h *Host) RemoveMember(ctx context.Context, pair, site string) error {
+	h.mu.Lock()
+	sl := h.slot(pair, site)
+	switch {
+	case sl == nil:
+		h.mu.Unlock()
+		return nil
+	case !sl.dynamic:
+		h.mu.Unlock()
+		return fmt.Errorf("runtime: member %s/%s comes from the node file's pairs: change the node file to remove it", pair, site)
+	case sl.removing:
+		h.mu.Unlock()
+		select {
+		case <-sl.removed:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	sl.removing, sl.removed = true, make(chan struct{})
+	if sl.timer != nil {
+		sl.timer.Stop()
+	}
+	pid, running := sl.pid, !sl.stopped && !h.stopping
+	h.mu.Unlock()
+	if running {
+		// The hand-over is bounded as at a node's shutdown: a replica that
+		// never gets ready must not keep the member forever.
+		hctx, cancel := context.WithTimeout(ctx, memberHandoverWindow([]MemberConfig{sl.cfg}))
+		done := make(chan struct{})
+		h.engine.Send(pid, memberShutdown{done: done})
+		select {
+		case <-done:
+		case <-hctx.Done():
+			h.logger.Warn("member removed before its hand-over finished", "pair", pair, "site", site)
+		}
+		cancel()
+		<-h.engine.Poison(pid).Done()
+	}
+	h.closeWorkload(sl)
+	h.mu.Lock()
+	h.slots = slices.DeleteFunc(h.slots, func(x *memberSlot) bool { return x == sl })
+	close(sl.removed)
+	h.mu.Unlock()
+	h.logger.Info("member removed", "pair", pair, "site", site)
+	return nil
+}
+
+// Hosted is what the host knows of one member: its configuration (with
+// its workload), whether AddMember added it, its state and its latest
+// snapshot (nil before its first step).
+type Hosted struct {
+	Config   MemberConfig
+	Dynamic  bool
+	State    MemberState
+	Snapshot *MemberSnapshot
+}
+
+// Member reports pair's member site; false when it is not hosted (or
+// being removed).
+func (h *Host) Member(pair, site string) (Hosted, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	sl := h.slot(pair, site)
+	if sl == nil || sl.removing {
+		return Hosted{}, false
+	}
+	st := MemberState{Pair: pair, Site: site, Running: !sl.stopped, Stops: sl.stops}
+	if sl.stopped {
+		st.Reason, st.Since, st.RestartAt = sl.reason, sl.since, sl.restartAt
+	}
+	return Hosted{Config: sl.cfg, Dynamic: sl.dynamic, State: st, Snapshot: sl.deps.Snapshot.Load()}, true
 }
 
 // workload makes mc's workload from its postgres or vm section (exec
 // chains otherwise, made by the member), with the fence steps of its
 // procedures as the escalation of its own fence, and checks that
-// fence_grace covers the fence's worst case.
-func (h *Host) workload(mc MemberConfig, drivers procedure.Drivers, lv libvirt.DriverConfig) (MemberConfig, error) {
+// fence_grace covers the fence's worst case. The closer, when not nil,
+// ends the workload (its host closes it once the member has stopped).
+func (h *Host) workload(mc MemberConfig) (MemberConfig, io.Closer, error) {
 	resource := mc.Rules.Pair + "." + mc.Site
+	drivers := h.drivers
 	var w capability.Workload
+	var closer io.Closer
 	switch {
 	case mc.Postgres != nil:
 		pg, err := postgres.New(*mc.Postgres, postgres.Member{Pair: mc.Rules.Pair, Site: mc.Site, PeerSite: mc.Rules.Other(mc.Site),
 			FenceGrace: mc.Rules.FenceGrace, Logger: h.logger.With("pair", mc.Rules.Pair, "site", mc.Site, "workload", "postgres")})
 		if err != nil {
-			return mc, fmt.Errorf("pair %s member %s: postgres: %w", mc.Rules.Pair, mc.Site, err)
+			return mc, nil, fmt.Errorf("pair %s member %s: postgres: %w", mc.Rules.Pair, mc.Site, err)
 		}
-		h.closers = append(h.closers, pg)
+		closer = pg
 		w = pg
 		if len(mc.Procedures.Fence.Steps) > 0 {
 			w = escalated[*postgres.Postgres]{w: pg, then: NewExecChains(resource, mc.Procedures, drivers)}
 		}
 	case mc.VM != nil:
-		if h.libvirt == nil {
-			h.libvirt = libvirt.NewDriverProcess(lv, h.logger)
-		}
-		v, err := vm.New(*mc.VM, h.libvirt, h.logger.With("pair", mc.Rules.Pair, "site", mc.Site, "workload", "vm"))
+		v, err := vm.New(*mc.VM, h.libvirtProcess(), h.logger.With("pair", mc.Rules.Pair, "site", mc.Site, "workload", "vm"))
 		if err != nil {
-			return mc, fmt.Errorf("pair %s member %s: vm: %w", mc.Rules.Pair, mc.Site, err)
+			return mc, nil, fmt.Errorf("pair %s member %s: vm: %w", mc.Rules.Pair, mc.Site, err)
 		}
 		w = v
 		if len(mc.Procedures.Fence.Steps) > 0 {
 			w = escalated[*vm.VM]{w: v, then: NewExecChains(resource, mc.Procedures, drivers)}
 		}
 	default:
-		return mc, nil
+		return mc, nil, nil
 	}
 	if fb, ok := w.(fenceBudgeter); ok {
 		if err := mc.Rules.CheckFenceBudget(fb.FenceBudget()); err != nil {
-			return mc, fmt.Errorf("pair %s member %s: %w", mc.Rules.Pair, mc.Site, err)
+			if closer != nil {
+				_ = closer.Close()
+			}
+			return mc, nil, fmt.Errorf("pair %s member %s: %w", mc.Rules.Pair, mc.Site, err)
 		}
 	}
 	mc.Workload = w
-	return mc, nil
+	return mc, closer, nil
+}
+
+// libvirtProcess returns the host's understudy-libvirt process for VM
+// workloads, made on first use.
+func (h *Host) libvirtProcess() *libvirt.DriverProcess {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.libvirt == nil {
+		h.libvirt = libvirt.NewDriverProcess(h.lvcfg, h.logger)
+	}
+	return h.libvirt
+}
+
+// closeWorkload closes sl's workload, if it has one.
+func (h *Host) closeWorkload(sl *memberSlot) {
+	if sl.closer == nil {
+		return
+	}
+	if err := sl.closer.Close(); err != nil {
+		h.logger.Warn("workload did not close cleanly", "pair", sl.cfg.Rules.Pair, "site", sl.cfg.Site, "err", err)
+	}
 }
 
 func (h *Host) closeWorkloads() {
-	for _, c := range h.closers {
-		if err := c.Close(); err != nil {
-			h.logger.Warn("workload did not close cleanly", "err", err)
-		}
+	h.mu.Lock()
+	slots := slices.Clone(h.slots)
+	h.mu.Unlock()
+	for _, sl := range slots {
+		h.closeWorkload(sl)
 	}
-	h.closers = nil
 }
 
 // Shutdown asks every leading member to hand over cleanly (demote, then
@@ -342,8 +541,11 @@ func (h *Host) Shutdown(ctx context.Context) {
 // them as they are, and the next start comes up fenced. A PostgreSQL,
 // which must not outlive its node, is stopped.
 func (h *Host) Stop(ctx context.Context) {
-	if h.libvirt != nil {
-		defer h.libvirt.Close()
+	h.mu.Lock()
+	lv := h.libvirt
+	h.mu.Unlock()
+	if lv != nil {
+		defer lv.Close()
 	}
 	defer h.closeWorkloads()
 	h.mu.Lock()

@@ -18,12 +18,20 @@ import (
 	"understudy/actors/resources/libvirt"
 	"understudy/actors/resources/libvirt/libvirttest"
 	"understudy/actors/resources/libvirt/rules"
+	"understudy/capabilities/postgres"
 )
 
 // The understudy-libvirt binary, built once per test binary: the agent's
 // libvirt kinds and the libvirt fence steps run their calls in it.
 
-func TestMain(m *testing.M) { libvirttest.Main(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv("UNDERSTUDY_PG_KEEPER") == "1" {
+		// The test binary is the PostgreSQL keeper of the postgres-pair
+		// tests' members (AgentConfig.pgKeeper).
+		os.Exit(postgres.KeeperMain(os.Args[1:]))
+	}
+	libvirttest.Main(m)
+}
 
 // libvirtDriverBinary builds understudy-libvirt and checks that it loads
 // libvirt; either failing fails the test (never a skip).

@@ -163,7 +163,7 @@ func (n *node) run(ctx context.Context) error {
 		clientURL = n.embedded.ClientURL()
 	}
 	var host *Host
-	if len(s.members) > 0 {
+	if len(s.members) > 0 || s.agent != nil { // the agent's postgres-pair kind adds members to it
 		host, err = StartHost(ctx, js, s.eventsStream, s.failoverBucket, s.members, HostOptions{Logger: n.log, Metrics: n.metrics.members, LibvirtDriver: s.libvirtDriver})
 		if err != nil {
 			return fmt.Errorf("runtime: members: %w", err)
@@ -171,7 +171,9 @@ func (n *node) run(ctx context.Context) error {
 		n.host.Store(host)
 	}
 	if s.agent != nil {
-		ag, err := StartAgent(ctx, nc, s.fleetBucket, s.eventsStream, *s.agent, n.log)
+		acfg := *s.agent
+		acfg.Host = host
+		ag, err := StartAgent(ctx, nc, s.fleetBucket, s.eventsStream, acfg, n.log)
 		if err != nil {
 			return fmt.Errorf("runtime: agent: %w", err)
 		}

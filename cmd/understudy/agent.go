@@ -35,7 +35,11 @@ func newApplyCmd(stdout io.Writer) *cobra.Command {
 does not know is left to the agent, which reports it as UnknownResource) and
 store it at desired-state.<agent> in the fleet bucket with the next
 generation, by compare-and-set. --agent overrides or supplies the manifest's
-agent. Follow the agent's progress with 'understudy get status --agent ID'.`,
+agent. Follow the agent's progress with 'understudy get status --agent ID'.
+
+A manifest of kind postgres-pair (kind: postgres-pair at the top) is written
+into the manifests of both sites' agents, which run the pair's members;
+'understudy delete -f' takes it out again.`,
 		Args: cobra.NoArgs,
 	}
 	nf := fleetFlags(cmd)
@@ -49,6 +53,15 @@ agent. Follow the agent's progress with 'understudy get status --agent ID'.`,
 		data, err := readManifestFile(file)
 		if err != nil {
 			return usage(err)
+		}
+		if pm, isPair, err := runtime.ParsePairManifestYAML(data); isPair || err != nil {
+			if err != nil {
+				return usage(fmt.Errorf("%s: %w", file, err))
+			}
+			if agentID != "" {
+				return usage(fmt.Errorf("%s: a postgres-pair goes to the agents its sites name; --agent does not apply", file))
+			}
+			return applyPair(cmd, nf, stdout, pm, false)
 		}
 		m, err := agent.ParseManifestYAML(data)
 		if err != nil {
@@ -81,6 +94,66 @@ agent. Follow the agent's progress with 'understudy get status --agent ID'.`,
 		}
 		fmt.Fprintf(stdout, "applied manifest generation %d for agent %s (%d resources, revision %d)\n", m.Generation, m.Agent, len(m.Resources), rev)
 		return nil
+	}
+	return cmd
+}
+
+// applyPair writes a pair manifest into both sites' agents' manifests
+// (runtime.ApplyPair), or takes it out of them (runtime.DeletePair).
+func applyPair(cmd *cobra.Command, nf *natsFlags, stdout io.Writer, pm runtime.PairManifest, remove bool) error {
+	nc, kv, err := nf.connect(cmd.Context())
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	pair := pm.Pair.Rules.Pair
+	verb := "applied"
+	var done []runtime.PairApplied
+	if remove {
+		verb = "deleted"
+		done, err = runtime.DeletePair(cmd.Context(), kv, pair, pm.Pair.Agents())
+	} else {
+		done, err = runtime.ApplyPair(cmd.Context(), kv, pm)
+	}
+	for _, a := range done {
+		if a.Changed {
+			fmt.Fprintf(stdout, "%s postgres-pair %s for agent %s: manifest generation %d\n", verb, pair, a.Agent, a.Generation)
+		} else {
+			fmt.Fprintf(stdout, "postgres-pair %s for agent %s: unchanged (manifest generation %d)\n", pair, a.Agent, a.Generation)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("%s postgres-pair %s: %w (the agents listed above have it; run the command again)", verb[:len(verb)-1], pair, err)
+	}
+	return nil
+}
+
+func newDeleteCmd(stdout io.Writer) *cobra.Command {
+	var file string
+	cmd := &cobra.Command{
+		Use:   "delete -f PAIR.yaml",
+		Short: "Take a postgres-pair out of its sites' agents: each stops its member and its PostgreSQL; the data directories stay",
+		Args:  cobra.NoArgs,
+	}
+	nf := fleetFlags(cmd)
+	cmd.Flags().StringVarP(&file, "file", "f", "", "the pair manifest (kind: postgres-pair) that was applied")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		usage := func(err error) error { return &usageError{cmd: cmd.CommandPath(), err: err} }
+		if file == "" {
+			return usage(errors.New("give the pair manifest with -f FILE"))
+		}
+		data, err := readManifestFile(file)
+		if err != nil {
+			return usage(err)
+		}
+		pm, isPair, err := runtime.ParsePairManifestYAML(data)
+		switch {
+		case err != nil:
+			return usage(fmt.Errorf("%s: %w", file, err))
+		case !isPair:
+			return usage(fmt.Errorf("%s: kind: delete takes a manifest of kind postgres-pair; an agent's resources go by applying its manifest without them", file))
+		}
+		return applyPair(cmd, nf, stdout, pm, true)
 	}
 	return cmd
 }

@@ -87,3 +87,77 @@ func TestApplyRefusesAnEndlessFile(t *testing.T) {
 		t.Errorf("exit %d: %s", code, stderr)
 	}
 }
+
+// A postgres-pair manifest: apply writes it into both sites' agents (the
+// agent inside serve runs it on the node's Host: here its password file is
+// missing, so the resource fails with that, not with "no host"); an
+// agent's own manifest applied later keeps it; delete -f takes it out.
+func TestPairManifestCommands(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	node := writeTestFile(t, dir, "node.yaml", `node: n1
+data_dir: `+filepath.Join(dir, "data")+`
+nats: {listen: "127.0.0.1:0"}
+http: 127.0.0.1:0
+log: {format: json}
+agent: {observe_interval: 200ms}
+`)
+	_, ready := startServeBinary(t, "serve", "--config", node)
+	url, _ := ready["client_url"].(string)
+	pairYAML := `kind: postgres-pair
+pair: pg-x
+primary: site-a
+replica: site-b
+sites:
+  site-a: {address: 127.0.0.1, agent: n1}
+  site-b: {address: 127.0.0.2, agent: n2}
+storage: ` + filepath.Join(dir, "pg") + `
+replication: {password_file: ` + filepath.Join(dir, "missing.pass") + `}
+`
+	pair := writeTestFile(t, dir, "pair.yaml", pairYAML)
+	code, stdout, stderr := runBinary(t, 10*time.Second, "apply", "--nats-url", url, "-f", pair)
+	if code != exitOK || !strings.Contains(stdout, "applied postgres-pair pg-x for agent n1: manifest generation 1") ||
+		!strings.Contains(stdout, "applied postgres-pair pg-x for agent n2: manifest generation 1") {
+		t.Fatalf("apply: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	if code, stdout, _ = runBinary(t, 10*time.Second, "apply", "--nats-url", url, "-f", pair); code != exitOK || !strings.Contains(stdout, "pg-x for agent n1: unchanged") {
+		t.Errorf("apply again: exit %d %q", code, stdout)
+	}
+	status := func(what string, ok func(agent.ResourceStatus, bool) bool) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		var last string
+		for time.Now().Before(deadline) {
+			code, stdout, _ := runBinary(t, 10*time.Second, "get", "status", "--nats-url", url, "--agent", "n1", "--json")
+			var s agent.Status
+			if code == exitOK && json.Unmarshal([]byte(stdout), &s) == nil {
+				r, found := s.Resources["pg-x"]
+				if ok(r, found) {
+					return
+				}
+			}
+			last = stdout
+			time.Sleep(100 * time.Millisecond)
+		}
+		t.Fatalf("%s: not within 20s; last status %s", what, last)
+	}
+	status("pg-x failing on the missing password file", func(r agent.ResourceStatus, found bool) bool {
+		return found && r.Phase == agent.Failed && strings.Contains(r.Error, "replication.password_file") && strings.Contains(r.Error, "cannot read it")
+	})
+
+	manifest := writeTestFile(t, dir, "m.yaml", "resources:\n  - id: motd\n    kind: file\n    spec: {path: "+filepath.Join(dir, "motd")+", content: \"hi\\n\"}\n")
+	if code, stdout, stderr = runBinary(t, 10*time.Second, "apply", "--nats-url", url, "-f", manifest, "--agent", "n1"); code != exitOK || !strings.Contains(stdout, "(2 resources") {
+		t.Errorf("an agent manifest keeps the pair: exit %d %q %q", code, stdout, stderr)
+	}
+	bad := writeTestFile(t, dir, "bad.yaml", strings.Replace(pairYAML, "{password_file: ", "{password: hunter2, password_file: ", 1))
+	code, _, stderr = runBinary(t, 10*time.Second, "apply", "--nats-url", url, "-f", bad)
+	if code != exitUsage || !strings.Contains(stderr, "postgres-pair spec: replication.password: not in a manifest") || strings.Contains(stderr, "hunter2") {
+		t.Errorf("inline password: exit %d %q", code, stderr)
+	}
+
+	code, stdout, stderr = runBinary(t, 10*time.Second, "delete", "--nats-url", url, "-f", pair)
+	if code != exitOK || !strings.Contains(stdout, "deleted postgres-pair pg-x for agent n1") || !strings.Contains(stdout, "deleted postgres-pair pg-x for agent n2") {
+		t.Fatalf("delete: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	status("pg-x gone", func(_ agent.ResourceStatus, found bool) bool { return !found })
+}
