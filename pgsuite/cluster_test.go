@@ -56,7 +56,7 @@ type pairOptions struct {
 // two nodes, site-a (preferred primary) and site-b, each with its
 // PostgreSQL. Everything lives under root.
 type cluster struct {
-	t       *testing.T
+	t       testing.TB
 	root    string
 	bin     string
 	opts    pairOptions
@@ -87,7 +87,7 @@ type pgSite struct {
 
 // newCluster makes the directories, writes the node files and starts the
 // witness; the nodes are started by start.
-func newCluster(t *testing.T, opts pairOptions) *cluster {
+func newCluster(t testing.TB, opts pairOptions) *cluster {
 	t.Helper()
 	requirePostgres(t)
 	bin := understudyBinary(t)
@@ -533,7 +533,7 @@ func grepFile(path string, re *regexp.Regexp, n int) string {
 
 // freePorts asks the kernel for n free TCP ports on loopback (held
 // together, so they differ).
-func freePorts(t *testing.T, n int) []int {
+func freePorts(t testing.TB, n int) []int {
 	t.Helper()
 	var ls []net.Listener
 	var ports []int

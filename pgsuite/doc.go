@@ -33,6 +33,8 @@
 //	UNDERSTUDY_PGSUITE_UNDERSTUDY  test this understudy binary instead of building one
 //	UNDERSTUDY_PGSUITE_KEEP        keep every test's directory, not only failed ones
 //	UNDERSTUDY_PGSUITE_PG_BIN      PostgreSQL 15's bin directory (default /usr/lib/postgresql/15/bin)
+//	UNDERSTUDY_SIDEBYSIDE          1: run BenchmarkSideBySide, understudy vs Patroni (about 30 minutes;
+//	                               make bench-sidebyside); UNDERSTUDY_SIDEBYSIDE_KILLS kills per profile (15)
 //
 // Nothing in the module imports it, and it imports nothing of the module:
 // it drives the binary as an operator would. partition/ is its sibling for

@@ -38,7 +38,7 @@ func pgBinDir() string {
 
 // requirePostgres fails the test (never skips it) when the PostgreSQL 15
 // programs understudy and the suite run are missing.
-func requirePostgres(t *testing.T) {
+func requirePostgres(t testing.TB) {
 	t.Helper()
 	var missing []string
 	for _, b := range []string{"postgres", "initdb", "pg_basebackup", "pg_rewind", "pg_controldata", "pg_ctl"} {
@@ -66,7 +66,7 @@ var (
 
 // understudyBinary builds bin/understudy from the working tree once per
 // run (or takes $UNDERSTUDY_PGSUITE_UNDERSTUDY).
-func understudyBinary(t *testing.T) string {
+func understudyBinary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		if given := os.Getenv(envBinary); given != "" {
