@@ -7,7 +7,7 @@ LDFLAGS   := -X understudy/runtime.Version=$(VERSION)
 BENCH     ?= .
 BENCHTIME ?= 1s
 
-.PHONY: all build run test test-deps lint bench clean
+.PHONY: all build run test test-deps lint bench bench-sidebyside clean
 
 all: build
 
@@ -39,6 +39,12 @@ lint:
 # docs/benchmarks.md. BENCH selects, BENCHTIME sets -benchtime.
 bench:
 	$(GO) test -tags $(TAGS) -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem -timeout 60m ./...
+
+# understudy vs Patroni, one run (about 30 minutes; needs root): the same
+# two PostgreSQL 15 servers, writer and kill -9 for each, 15 kills per
+# profile; installs Patroni and etcd. KILLS=3 for a quick look.
+bench-sidebyside:
+	./scripts/bench-sidebyside.sh
 
 clean:
 	rm -rf bin
