@@ -235,23 +235,13 @@ func newFailoverCmd(stdout io.Writer) *cobra.Command {
 			"the member records what it may lose.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if pair == "" || to == "" {
-				return &usageError{cmd: cmd.CommandPath(), err: errors.New("--pair and --to are required")}
-			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), wait+10*time.Second)
 			defer cancel()
-			nc, kv, err := nf.connect(ctx)
+			nc, kv, err := nf.pairTarget(ctx, cmd, pair, to)
 			if err != nil {
 				return err
 			}
 			defer nc.Close()
-			rules, _, err := readRules(ctx, kv, pair)
-			if err != nil {
-				return err
-			}
-			if !rules.Has(to) {
-				return &usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--to %s: not a member of pair %s (%s, %s)", to, pair, rules.Primary, rules.Replica)}
-			}
 			var startTerm uint64 // a new holder's term is above it
 			if e, err := kv.Get(ctx, failover.LeaderKey(pair)); err == nil {
 				le, _ := failover.LeaderEntryOf(e, 0)

@@ -53,6 +53,29 @@ func envOr(name, def string) string {
 	return def
 }
 
+// pairTarget is the opening of the commands that move a pair to a site
+// (switchover, failover): both flags given, connected, and to a member of
+// the pair by its rules. The caller closes the connection.
+func (f *natsFlags) pairTarget(ctx context.Context, cmd *cobra.Command, pair, to string) (*nats.Conn, events.KV, error) {
+	if pair == "" || to == "" {
+		return nil, nil, &usageError{cmd: cmd.CommandPath(), err: errors.New("--pair and --to are required")}
+	}
+	nc, kv, err := f.connect(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	rules, _, err := readRules(ctx, kv, pair)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	if !rules.Has(to) {
+		nc.Close()
+		return nil, nil, &usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--to %s: not a member of pair %s (%s, %s)", to, pair, rules.Primary, rules.Replica)}
+	}
+	return nc, kv, nil
+}
+
 func (f *natsFlags) connect(ctx context.Context) (*nats.Conn, events.KV, error) {
 	opts := []nats.Option{nats.Name("understudy-cli"), nats.Timeout(3 * time.Second)}
 	if u, p := os.Getenv("UNDERSTUDY_NATS_USER"), os.Getenv("UNDERSTUDY_NATS_PASSWORD"); u != "" {
@@ -457,23 +480,13 @@ func newSwitchoverCmd(stdout io.Writer) *cobra.Command {
 		Short: "Move leadership of a pair to SITE through the clean-demotion handshake",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if pair == "" || to == "" {
-				return &usageError{cmd: cmd.CommandPath(), err: errors.New("--pair and --to are required")}
-			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), wait+10*time.Second)
 			defer cancel()
-			nc, kv, err := nf.connect(ctx)
+			nc, kv, err := nf.pairTarget(ctx, cmd, pair, to)
 			if err != nil {
 				return err
 			}
 			defer nc.Close()
-			rules, _, err := readRules(ctx, kv, pair)
-			if err != nil {
-				return err
-			}
-			if !rules.Has(to) {
-				return &usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--to %s: not a member of pair %s (%s, %s)", to, pair, rules.Primary, rules.Replica)}
-			}
 			if e, err := kv.Get(ctx, failover.LeaderKey(pair)); err == nil {
 				if l, err := failover.DecodeLeader(e.Value); err == nil && l.Site == to && !l.Fenced {
 					fmt.Fprintf(stdout, "%s already leads pair %s (term %d)\n", to, pair, l.Term)
