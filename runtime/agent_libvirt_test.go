@@ -13,6 +13,7 @@ import (
 	"understudy/actors/procedure"
 	"understudy/actors/resources"
 	"understudy/actors/resources/libvirt"
+	"understudy/actors/resources/libvirt/libvirttest"
 	"understudy/actors/resources/libvirt/rules"
 )
 
@@ -182,7 +183,7 @@ func TestAgentRegistryValidatesLibvirtKindsWithoutConnecting(t *testing.T) {
 // driver's state is per process, and the test's own connection to that
 // process is how it acts behind the agent's back.
 func TestAgentConvergesLibvirtKinds(t *testing.T) {
-	sock := libvirtDriverSocket(t)
+	sock := libvirttest.DriverSocket(t)
 	behindDriver := libvirt.NewDriverProcess(libvirt.DriverConfig{Socket: sock}, nil)
 	defer behindDriver.Close()
 	behind := behindDriver.Hypervisor(rules.TestURI)
