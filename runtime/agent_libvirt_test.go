@@ -13,7 +13,6 @@ import (
 	"understudy/actors/procedure"
 	"understudy/actors/resources"
 	"understudy/actors/resources/libvirt"
-	"understudy/actors/resources/libvirt/libvirttest"
 	"understudy/actors/resources/libvirt/rules"
 )
 
@@ -183,7 +182,7 @@ func TestAgentRegistryValidatesLibvirtKindsWithoutConnecting(t *testing.T) {
 // driver's state is per process, and the test's own connection to that
 // process is how it acts behind the agent's back.
 func TestAgentConvergesLibvirtKinds(t *testing.T) {
-	sock := libvirttest.DriverSocket(t)
+	sock := libvirtDriverSocket(t)
 	behindDriver := libvirt.NewDriverProcess(libvirt.DriverConfig{Socket: sock}, nil)
 	defer behindDriver.Close()
 	behind := behindDriver.Hypervisor(rules.TestURI)

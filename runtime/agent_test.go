@@ -97,7 +97,7 @@ func TestAgentConvergesRepairsDriftAndAppliesChanges(t *testing.T) {
 	// One understudy-libvirt for the agent and the test: test:///default
 	// keeps its state per process, so the test's own connection to that
 	// process sees the agent's domains and can act behind its back.
-	sock := libvirttest.DriverSocket(t)
+	sock := libvirtDriverSocket(t)
 	behindDriver := libvirt.NewDriverProcess(libvirt.DriverConfig{Socket: sock}, nil)
 	defer behindDriver.Close()
 	behind := behindDriver.Hypervisor(rules.TestURI)

@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -33,6 +36,53 @@ func TestMain(m *testing.M) {
 // libvirtDriverBinary builds understudy-libvirt and checks that it loads
 // libvirt; either failing fails the test (never a skip).
 func libvirtDriverBinary(t *testing.T) string { return libvirttest.DriverBinary(t) }
+
+// libvirtDriverSocket runs one understudy-libvirt on a unix socket for the
+// test: the agent and the test both connect to it, so the test sees (and
+// changes, behind the agent's back) the same test:///default state —
+// which libvirt keeps per process.
+func libvirtDriverSocket(t *testing.T) string {
+	t.Helper()
+	bin := libvirtDriverBinary(t)
+	sock := filepath.Join(t.TempDir(), "libvirt.sock")
+	cmd := exec.Command(bin, "--listen", sock)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+			t.Errorf("%s --listen did not exit on SIGTERM", libvirt.DriverName)
+		}
+		if t.Failed() {
+			t.Logf("%s's stderr:\n%s", libvirt.DriverName, stderr.String())
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
+			return sock
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("%s --listen exited: %v\n%s", libvirt.DriverName, err, stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never listened on %s", libvirt.DriverName, sock)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
 
 // childrenRunning lists this process's children that run path.
 func childrenRunning(t *testing.T, path string) []int {

@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"net"
+	"os/exec"
+	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -34,7 +38,7 @@ type world struct {
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
-	sock := libvirttest.DriverSocket(t)
+	sock := driverSocket(t)
 	logs := &logBuffer{}
 	conn := libvirt.NewDriverProcess(libvirt.DriverConfig{Socket: sock}, slog.New(slog.NewTextHandler(logs, nil)))
 	t.Cleanup(func() { conn.Close() })
@@ -45,6 +49,50 @@ func newWorld(t *testing.T) *world {
 		t.Fatalf("test:///default's domain test is %s; want it running, as libvirt defines it", st)
 	}
 	return w
+}
+
+// driverSocket runs one understudy-libvirt --listen for the test.
+func driverSocket(t *testing.T) string {
+	t.Helper()
+	bin := libvirttest.DriverBinary(t)
+	sock := filepath.Join(t.TempDir(), "libvirt.sock")
+	cmd := exec.Command(bin, "--listen", sock)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+			t.Errorf("%s --listen did not exit on SIGTERM", libvirt.DriverName)
+		}
+		if t.Failed() {
+			t.Logf("%s's stderr:\n%s", libvirt.DriverName, stderr.String())
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
+			return sock
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("%s --listen exited: %v\n%s", libvirt.DriverName, err, stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never listened on %s", libvirt.DriverName, sock)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // define defines domain name on the test driver, shut off.

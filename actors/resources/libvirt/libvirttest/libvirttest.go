@@ -7,7 +7,6 @@
 package libvirttest
 
 import (
-	"bytes"
 	"fmt"
 	"net"
 	"os"
@@ -15,9 +14,7 @@ import (
 	"path"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"testing"
-	"time"
 )
 
 // driverPackage is understudy-libvirt's package; the binary is named
@@ -118,52 +115,4 @@ func SilentLibvirtd(t testing.TB) *Silent {
 		}
 	})
 	return &Silent{Addr: ln.Addr().String(), Accepted: accepted}
-}
-
-// DriverSocket runs one understudy-libvirt --listen on a unix socket for
-// the test and returns the socket's path: everything that connects to it
-// sees (and changes) the same test:///default state, which libvirt keeps
-// per process. It is stopped (SIGTERM) when the test ends; its stderr is
-// logged when the test failed.
-func DriverSocket(t testing.TB) string {
-	t.Helper()
-	bin := DriverBinary(t)
-	sock := filepath.Join(t.TempDir(), "libvirt.sock")
-	cmd := exec.Command(bin, "--listen", sock)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(5 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-			t.Errorf("%s --listen did not exit on SIGTERM", driverName)
-		}
-		if t.Failed() {
-			t.Logf("%s's stderr:\n%s", driverName, stderr.String())
-		}
-	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if c, err := net.Dial("unix", sock); err == nil {
-			c.Close()
-			return sock
-		}
-		select {
-		case err := <-exited:
-			t.Fatalf("%s --listen exited: %v\n%s", driverName, err, stderr.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never listened on %s", driverName, sock)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
