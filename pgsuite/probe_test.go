@@ -502,15 +502,18 @@ func (w *writer) waitAckBy(i int, t time.Time, within time.Duration) (time.Time,
 // lost returns the acknowledged values that keep(ack) selects and site
 // i's table lacks.
 func (w *writer) lost(i int, keep func(ack) bool) ([]int64, int, error) {
+	// The acknowledgements first, then the table: a commit acknowledged
+	// after the table was read is not missing from it.
+	w.mu.Lock()
+	acks := slices.Clone(w.acks)
+	w.mu.Unlock()
 	have, err := w.c.counters(i)
 	if err != nil {
 		return nil, 0, err
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	var lost []int64
 	checked := 0
-	for _, a := range w.acks {
+	for _, a := range acks {
 		if keep != nil && !keep(a) {
 			continue
 		}
