@@ -1523,8 +1523,14 @@ func (m *Member) maybeCheck() {
 		return
 	}
 	if m.checkDue == 0 {
-		m.checkDue = m.now + m.checkInterval() // first check one interval after serving
-		return
+		if !m.opts.Rejoin {
+			m.checkDue = m.now + m.checkInterval() // first check one interval after serving
+			return
+		}
+		// A workload that reports positions is checked at once: a new
+		// leader publishes its position, and its node's /primary says so,
+		// a heartbeat sooner.
+		m.checkDue = m.now
 	}
 	if m.checkWait || m.now < m.checkDue {
 		return
