@@ -271,3 +271,34 @@ func TestRegressionSynchronousSeeds(t *testing.T) {
 		}
 	}
 }
+
+// A bootstrap cut short: site-a's first promotion (initdb) hangs while
+// NATS stalls, so site-a fences mid-bootstrap; once NATS answers it
+// unfences and promotes again. That promotion must still be allowed to
+// create the database (found first by pgsuite's TestBootstrapInterrupted;
+// before the fix the second promotion refused the empty data directory,
+// site-a handed off to site-b, which had nothing to promote, and the pair
+// never served — which no liveness invariant reports, since both members
+// then withhold by the synchronous rule, so the counters are asserted).
+func TestRegressionBootstrapInterrupted(t *testing.T) {
+	rules := DefaultPair()
+	fs, err := ParseFaults("proc(site-a,promote,hang)@0s+2500ms;powercut(nats)@300ms+4s", rules.Primary, rules.Replica)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Scenario: "db-synchronous", Seed: 1, Duration: 2 * time.Minute, Faults: fs, FaultsSet: true}
+	r, err := Run(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range r.Violations {
+		t.Errorf("%s at %.3fs: %s", v.Invariant, v.At, v.Detail)
+	}
+	got := map[string]int{}
+	for _, c := range r.Sometimes {
+		got[c.Name] = c.Count
+	}
+	if got["db-bootstrapped"] == 0 || got["db-cloned"] == 0 || got["db-promote-refused-empty"] != 0 {
+		t.Errorf("the interrupted bootstrap was not redone: counters %v\n\treproduce: %s --trace", got, Command(cfg, ""))
+	}
+}
