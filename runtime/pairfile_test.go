@@ -520,3 +520,25 @@ func TestPairFileReplicationRules(t *testing.T) {
 		}
 	}
 }
+
+// A member whose workload fences itself needs no procedures: a postgres
+// member with none loads, with fence_grace covering only the database's
+// fence (pgsuite's TestNodeFileWithoutProcedures found the refusal).
+func TestNodeFilePostgresMemberNeedsNoProcedures(t *testing.T) {
+	if _, err := os.Stat("/usr/lib/postgresql/15/bin/initdb"); err != nil {
+		t.Fatalf("PostgreSQL 15 is missing (scripts/install-test-deps.sh installs postgresql-15): %v", err)
+	}
+	dir := t.TempDir()
+	c := loadNode(t, dir, "node: site-a\npairs:\n  - "+strings.TrimPrefix(indent(pairHead, 4), "    ")+
+		"    fence_grace: 500ms\n    failover_timeout: 4s\n    postgres: {data_dir: "+filepath.Join(dir, "pg")+", peer: '127.0.0.1:5433', replication: {password: x}}\n")
+	if err := c.Validate(); err != nil {
+		t.Fatalf("refused: %v", err)
+	}
+	s, err := c.resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.members) != 1 || s.members[0].Postgres == nil || !s.members[0].Options.Positions {
+		t.Fatalf("members %+v", s.members)
+	}
+}
