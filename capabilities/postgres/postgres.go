@@ -137,6 +137,15 @@ func (p *Postgres) keeperFor() (*keeperClient, error) {
 	return k, nil
 }
 
+// begin is the opening of every change to the server: a PostgreSQL this
+// node did not start is stopped first, and the keeper runs.
+func (p *Postgres) begin(ctx context.Context) (*keeperClient, error) {
+	if err := p.stopForeign(ctx); err != nil {
+		return nil, err
+	}
+	return p.keeperFor()
+}
+
 // Pet tells the keeper the node is alive. It never blocks.
 func (p *Postgres) Pet() {
 	if k := p.keeper.Load(); k != nil {
@@ -177,10 +186,7 @@ func (p *Postgres) disarm(ctx context.Context, k *keeperClient) error {
 // shutdown, SIGKILL after 100 ms) and Fence returns once the postmaster
 // and its backends are gone. Within FenceBudget.
 func (p *Postgres) Fence(ctx context.Context, req capability.Request) error {
-	if err := p.stopForeign(ctx); err != nil {
-		return err
-	}
-	k, err := p.keeperFor()
+	k, err := p.begin(ctx)
 	if err != nil {
 		return err
 	}
@@ -236,10 +242,7 @@ func (p *Postgres) stopImmediate(ctx context.Context, k *keeperClient) error {
 // writes are accepted, and the replication role, understudy's heartbeat
 // table and the peer's replication slot exist when it returns.
 func (p *Postgres) Promote(ctx context.Context, req capability.Request) error {
-	if err := p.stopForeign(ctx); err != nil {
-		return err
-	}
-	k, err := p.keeperFor()
+	k, err := p.begin(ctx)
 	if err != nil {
 		return err
 	}
@@ -357,10 +360,7 @@ func (p *Postgres) initdb(ctx context.Context) error {
 // nothing to rewind after a clean hand-over). A standby is left streaming,
 // a stopped one stopped. If ctx ends first the shutdown is made immediate.
 func (p *Postgres) Demote(ctx context.Context, req capability.Request) error {
-	if err := p.stopForeign(ctx); err != nil {
-		return err
-	}
-	k, err := p.keeperFor()
+	k, err := p.begin(ctx)
 	if err != nil {
 		return err
 	}
@@ -394,10 +394,7 @@ func (p *Postgres) Rejoin(ctx context.Context, req capability.Request) error {
 	default:
 		return fmt.Errorf("rejoin: the leader %q is not this pair's peer %q", req.Leader, p.m.PeerSite)
 	}
-	if err := p.stopForeign(ctx); err != nil {
-		return err
-	}
-	k, err := p.keeperFor()
+	k, err := p.begin(ctx)
 	if err != nil {
 		return err
 	}
