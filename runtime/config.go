@@ -69,6 +69,9 @@ type Config struct {
 	// Agent, when set, runs this node's agent: it converges to the
 	// manifest at desired-state.<id> of the fleet bucket.
 	Agent *AgentSection `yaml:"agent"`
+	// Security, when set, names the deployment's identities and what each
+	// may do (docs/security.md); understudy init writes it.
+	Security *SecuritySection `yaml:"security"`
 	// Libvirt says where understudy-libvirt is: the process that runs
 	// every libvirt call of this node, for the agent and the pairs alike.
 	Libvirt LibvirtSection `yaml:"libvirt"`
@@ -96,11 +99,81 @@ type NATSConfig struct {
 	User     string `yaml:"user"`
 	Password string `yaml:"password"`
 	// Creds is a .creds file (user JWT and nkey seed); excludes User/Password.
-	Creds string    `yaml:"creds"`
-	TLS   TLSConfig `yaml:"tls"`
+	Creds string `yaml:"creds"`
+	// NKey is a file holding this node's nkey seed (a user seed, "SU..."):
+	// the node's NATS identity for every connection it makes (to its own
+	// embedded server or an external NATS), and the key it signs its
+	// register and heartbeat values with. understudy init writes it.
+	// Excludes User/Password and Creds.
+	NKey string    `yaml:"nkey"`
+	TLS  TLSConfig `yaml:"tls"`
+
+	// Server secures and clusters the embedded server (unused with URL).
+	Server ServerSection `yaml:"server"`
 
 	// Retry paces connection attempts while NATS is unreachable at start.
 	Retry RetryConfig `yaml:"retry"`
+}
+
+// ServerSection is the embedded server's own side: its name, the TLS of
+// its client port and its cluster with the other sites' servers.
+type ServerSection struct {
+	// Name is the server's name in the cluster and in JetStream placement
+	// (default: the node's name).
+	Name string `yaml:"name"`
+	// TLS of the client port: the server presents Cert/Key and requires
+	// every client to present a certificate signed by CA.
+	TLS ServerTLS `yaml:"tls"`
+	// Cluster, when set, makes the embedded server a member of a NATS
+	// cluster with the other sites' servers (JetStream assets at R3).
+	Cluster *ClusterSection `yaml:"cluster"`
+}
+
+// ServerTLS is a server side of TLS: its certificate and the CA its peers'
+// (clients' or routes') certificates must be signed by.
+type ServerTLS struct {
+	CA   string `yaml:"ca"`
+	Cert string `yaml:"cert"`
+	Key  string `yaml:"key"`
+}
+
+// ClusterSection makes the embedded server one member of a NATS cluster.
+type ClusterSection struct {
+	Name   string   `yaml:"name"`   // the cluster's name, the same on every site
+	Listen string   `yaml:"listen"` // host:port of this server's route listener
+	Routes []string `yaml:"routes"` // the other sites' route URLs (tls://host:port)
+	// TLS of the routes: mutual, required when Listen is not loopback.
+	TLS ServerTLS `yaml:"tls"`
+}
+
+// SecuritySection lists the identities of a deployment: the same in every
+// node file (understudy init writes it). With it, the embedded server
+// accepts only these identities, each with its own permissions; the
+// members verify the signatures of register values; the agent runs only
+// manifests signed by a ManifestKeys key.
+type SecuritySection struct {
+	// Nodes are the node identities by node name.
+	Nodes map[string]NodeIdentity `yaml:"nodes"`
+	// Operators may change rules, request switchovers, failovers and
+	// pauses, and write desired state (public user nkeys, "U...").
+	Operators []string `yaml:"operators"`
+	// Readers may only read: status, export, replay (public user nkeys).
+	Readers []string `yaml:"readers"`
+	// ManifestKeys are the public keys ("O..." operator nkeys) whose
+	// signatures make a manifest runnable by this node's agent.
+	ManifestKeys []string `yaml:"manifest_keys"`
+}
+
+// NodeIdentity is one node's NATS identity and what it may write.
+type NodeIdentity struct {
+	NKey string `yaml:"nkey"` // public user nkey ("U...")
+	// Pairs are the pairs this node hosts a member of; it may write their
+	// register and its sites' heartbeats of them, and nothing of others.
+	Pairs []string `yaml:"pairs"`
+	// Sites are the member sites it runs (default: the node's name).
+	Sites []string `yaml:"sites"`
+	// Agent is its agent's id (default: the node's name); "-" for none.
+	Agent string `yaml:"agent"`
 }
 
 // TLSConfig is the client side of TLS to an external NATS.
