@@ -300,6 +300,16 @@ type settings struct {
 	logLevel  slog.Level
 	logFormat LogFormat
 
+	// node is this node's name (Config.Node).
+	node string
+	// nkeyFile is the node's nkey seed file (nats.nkey), checked at load
+	// to hold a user seed; "" when none is configured.
+	nkeyFile string
+	// security is the deployment's identities (Config.Security), checked
+	// at load; nil when the deployment runs without (loopback development).
+	// Kept, not copied: read only.
+	security *SecuritySection
+
 	members []MemberConfig
 	agent   *AgentConfig
 	// libvirtDriver is where understudy-libvirt is, for the agent's kinds
@@ -382,6 +392,9 @@ func (c Config) resolve() (settings, error) {
 		failoverBucket: c.Assets.FailoverBucket,
 		fleetBucket:    c.Assets.FleetBucket,
 		eventsStream:   c.Assets.EventsStream,
+		node:           c.Node,
+		nkeyFile:       c.NATS.NKey,
+		security:       c.Security,
 	}
 
 	if s.embedded {
