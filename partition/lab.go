@@ -274,10 +274,10 @@ func spawn(cmd *exec.Cmd) error {
 	return <-done
 }
 
-// HTTPGet fetches http://addr/path from inside a site's namespace: the
+// Dial opens a TCP connection to addr from inside a site's namespace: the
 // socket is created on an OS thread moved into that namespace for the dial
-// and moved back after it.
-func (l *Lab) HTTPGet(site, addr, path string, timeout time.Duration) ([]byte, error) {
+// and moved back after it, so the rest of this process stays at home.
+func (l *Lab) Dial(site, addr string, timeout time.Duration) (net.Conn, error) {
 	type result struct {
 		conn net.Conn
 		err  error
@@ -311,15 +311,21 @@ func (l *Lab) HTTPGet(site, addr, path string, timeout time.Duration) ([]byte, e
 		ch <- result{c, err}
 	}()
 	r := <-ch
-	if r.err != nil {
-		return nil, r.err
-	}
-	defer r.conn.Close()
-	_ = r.conn.SetDeadline(time.Now().Add(timeout))
-	if _, err := fmt.Fprintf(r.conn, "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, addr); err != nil {
+	return r.conn, r.err
+}
+
+// HTTPGet fetches http://addr/path from inside a site's namespace (Dial).
+func (l *Lab) HTTPGet(site, addr, path string, timeout time.Duration) ([]byte, error) {
+	conn, err := l.Dial(site, addr, timeout)
+	if err != nil {
 		return nil, err
 	}
-	raw, err := io.ReadAll(r.conn)
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(timeout))
+	if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, addr); err != nil {
+		return nil, err
+	}
+	raw, err := io.ReadAll(conn)
 	if err != nil {
 		return nil, err
 	}
