@@ -305,6 +305,10 @@ type settings struct {
 	// nkeyFile is the node's nkey seed file (nats.nkey), checked at load
 	// to hold a user seed; "" when none is configured.
 	nkeyFile string
+	// nkeyPublic is the public key of nkeyFile's seed.
+	nkeyPublic string
+	// server is the embedded server's name, TLS and cluster.
+	server serverSettings
 	// security is the deployment's identities (Config.Security), checked
 	// at load; nil when the deployment runs without (loopback development).
 	// Kept, not copied: read only.
@@ -416,17 +420,18 @@ func (c Config) resolve() (settings, error) {
 		}
 		for _, f := range []struct{ field, v string }{
 			{"nats.user", c.NATS.User}, {"nats.password", c.NATS.Password}, {"nats.creds", c.NATS.Creds},
-			{"nats.tls.ca", c.NATS.TLS.CA}, {"nats.tls.cert", c.NATS.TLS.Cert}, {"nats.tls.key", c.NATS.TLS.Key},
-			{"nats.tls.server_name", c.NATS.TLS.ServerName},
 		} {
 			if f.v != "" {
-				bad(f.field, "applies only to an external NATS: set nats.url (--nats-url) too", f.v)
+				bad(f.field, "applies only to an external NATS: set nats.url (--nats-url) too; the embedded server authenticates with nats.nkey and the security section", f.v)
 			}
 		}
-		if c.NATS.TLS.Insecure {
-			bad("nats.tls.insecure", "applies only to an external NATS: set nats.url (--nats-url) too", "true")
-		}
+		srv, clientTLS, serr := resolveServer(c, host, err == nil)
+		errs = append(errs, serr...)
+		s.server, s.tls = srv, clientTLS
 	} else {
+		if c.NATS.Server.Name != "" || c.NATS.Server.TLS != (ServerTLS{}) || c.NATS.Server.Cluster != nil {
+			bad("nats.server", "applies only to the embedded server: unset nats.url (--nats-url), or configure the external NATS servers themselves", "")
+		}
 		for _, u := range strings.Split(s.urls, ",") {
 			if err := checkNATSURL(strings.TrimSpace(u)); err != nil {
 				bad("nats.url", err.Error(), RedactURLs(u))
@@ -438,6 +443,9 @@ func (c Config) resolve() (settings, error) {
 			} else {
 				bad("nats.password", "must be set together with nats.user", "")
 			}
+		}
+		if c.NATS.NKey != "" && (c.NATS.User != "" || c.NATS.Creds != "") {
+			bad("nats.nkey", "excludes nats.user/nats.password and nats.creds: choose one way to authenticate", c.NATS.NKey)
 		}
 		if c.NATS.Creds != "" {
 			if c.NATS.User != "" {
@@ -454,6 +462,10 @@ func (c Config) resolve() (settings, error) {
 		s.tls, s.tlsInsecure = tc, c.NATS.TLS.Insecure
 	}
 
+	pub, nerrs := resolveNKey(c.NATS.NKey)
+	errs = append(errs, nerrs...)
+	s.nkeyPublic = pub
+
 	if s.retry.Initial <= 0 {
 		bad("nats.retry.initial", "must be a positive duration", s.retry.Initial.String())
 	}
@@ -461,15 +473,16 @@ func (c Config) resolve() (settings, error) {
 		bad("nats.retry.max", "must be at least nats.retry.initial ("+s.retry.Initial.String()+")", s.retry.Max.String())
 	}
 
+	clustered := !s.embedded || s.server.cluster != nil
 	switch r := c.Assets.Replicas; {
-	case r == 0 && s.embedded:
+	case r == 0 && !clustered:
 		s.replicas = 1
 	case r == 0:
 		s.replicas = DefaultExternalReplicas
 	case r < 1 || r > MaxReplicas:
-		bad("assets.replicas", fmt.Sprintf("must be 1..%d (0 picks 1 embedded, %d with nats.url)", MaxReplicas, DefaultExternalReplicas), strconv.Itoa(r))
-	case r > 1 && s.embedded:
-		bad("assets.replicas", "must be 1 with the embedded server, which holds one copy: join a NATS cluster with nats.url (--nats-url) for more", strconv.Itoa(r))
+		bad("assets.replicas", fmt.Sprintf("must be 1..%d (0 picks 1 with a single embedded server, %d in a cluster)", MaxReplicas, DefaultExternalReplicas), strconv.Itoa(r))
+	case r > 1 && !clustered:
+		bad("assets.replicas", "must be 1 with the embedded server alone, which holds one copy: make it a cluster member (nats.server.cluster), or join a NATS cluster with nats.url (--nats-url), for more", strconv.Itoa(r))
 	default:
 		s.replicas = r
 	}
@@ -550,8 +563,8 @@ func (c Config) resolve() (settings, error) {
 
 	if pl := c.Assets.PreferredLeader; pl != "" {
 		switch {
-		case s.embedded:
-			bad("assets.preferred_leader", "applies only to a NATS cluster: set nats.url (--nats-url) too", pl)
+		case !clustered:
+			bad("assets.preferred_leader", "applies only to a NATS cluster: set nats.server.cluster, or nats.url (--nats-url)", pl)
 		case !serverNameRE.MatchString(pl):
 			bad("assets.preferred_leader", "must be a NATS server name (the server_name of a server of the cluster), without spaces", pl)
 		case s.replicas == 1:
@@ -588,6 +601,12 @@ func (c Config) resolve() (settings, error) {
 	if s.agent != nil {
 		s.agent.LibvirtDriver = s.libvirtDriver
 	}
+
+	agentID := ""
+	if s.agent != nil {
+		agentID = s.agent.ID
+	}
+	errs = append(errs, resolveSecurity(c, s.nkeyPublic, members, agentID)...)
 
 	if _, _, err := splitListen(c.HTTP, false); err != nil {
 		bad("http", err.Error(), c.HTTP)

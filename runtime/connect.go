@@ -25,6 +25,10 @@ type ConnectOptions struct {
 	User     string
 	Password string
 	Creds    string
+	// NKey is a file holding a user nkey seed (nats.nkey): the client
+	// answers the server's challenge with it. Excludes User and Creds.
+	// The seed is read at each (re)connection, never kept in memory.
+	NKey string
 	// TLS, when not nil, is used for the connection (and required of the server).
 	// It is kept, not copied.
 	TLS *tls.Config
@@ -157,15 +161,11 @@ func Connect(ctx context.Context, o ConnectOptions, log *slog.Logger) (*nats.Con
 			log.Warn("nats asynchronous error", "subject", subject, "error", err)
 		}),
 	}
-	if o.User != "" {
-		opts = append(opts, nats.UserInfo(o.User, o.Password))
+	auth, err := authOptions(o)
+	if err != nil {
+		return nil, err
 	}
-	if o.Creds != "" {
-		opts = append(opts, nats.UserCredentials(o.Creds))
-	}
-	if o.TLS != nil {
-		opts = append(opts, nats.Secure(o.TLS))
-	}
+	opts = append(opts, auth...)
 
 	delay := retry.Initial
 	for attempt := 1; ; attempt++ {
@@ -184,7 +184,7 @@ func Connect(ctx context.Context, o ConnectOptions, log *slog.Logger) (*nats.Con
 		if IsAuthError(err) {
 			// Retrying the same credentials gets the same answer: this is a
 			// configuration to fix, not an outage to wait out.
-			return nil, fmt.Errorf("runtime: nats %s refused the credentials (attempt %d): %w; check nats.user and nats.password, or nats.creds", url, attempt, err)
+			return nil, fmt.Errorf("runtime: nats %s refused the credentials (attempt %d): %w; check nats.user and nats.password, nats.creds, or nats.nkey and the server's security section", url, attempt, err)
 		}
 		next := jitter(delay)
 		log.Warn("nats not reachable, retrying", "url", url, "attempt", attempt, "next_delay", next, "error", err)
@@ -197,6 +197,28 @@ func Connect(ctx context.Context, o ConnectOptions, log *slog.Logger) (*nats.Con
 		}
 		delay = min(2*delay, retry.Max)
 	}
+}
+
+// authOptions are the credentials and TLS options of o.
+func authOptions(o ConnectOptions) ([]nats.Option, error) {
+	var opts []nats.Option
+	if o.User != "" {
+		opts = append(opts, nats.UserInfo(o.User, o.Password))
+	}
+	if o.Creds != "" {
+		opts = append(opts, nats.UserCredentials(o.Creds))
+	}
+	if o.NKey != "" {
+		opt, err := nats.NkeyOptionFromSeed(o.NKey)
+		if err != nil {
+			return nil, fmt.Errorf("runtime: nats nkey %s: %w", o.NKey, err)
+		}
+		opts = append(opts, opt)
+	}
+	if o.TLS != nil {
+		opts = append(opts, nats.Secure(o.TLS))
+	}
+	return opts, nil
 }
 
 // IsAuthError reports whether a NATS error says the server refused the
@@ -281,15 +303,11 @@ func newHomeward(o ConnectOptions, deadAfter time.Duration, dialer nats.CustomDi
 		nats.NoReconnect(),
 		nats.IgnoreDiscoveredServers(),
 	}
-	if o.User != "" {
-		h.opts = append(h.opts, nats.UserInfo(o.User, o.Password))
+	auth, err := authOptions(o)
+	if err != nil {
+		return &homeward{log: log, probe: h.probe, done: h.done} // Connect reports err
 	}
-	if o.Creds != "" {
-		h.opts = append(h.opts, nats.UserCredentials(o.Creds))
-	}
-	if o.TLS != nil {
-		h.opts = append(h.opts, nats.Secure(o.TLS))
-	}
+	h.opts = append(h.opts, auth...)
 	return h
 }
 

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"crypto/tls"
 	"net"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -28,7 +30,38 @@ type EmbeddedConfig struct {
 	ServerName string
 	// ReadyTimeout bounds the wait for the server to accept clients; 10s when zero.
 	ReadyTimeout time.Duration
+
+	// TLS, when not nil, is the client port's: the server presents its
+	// certificate and requires every client to present one its ClientCAs
+	// verify. Kept, not copied.
+	TLS *tls.Config
+	// Users, when not nil, are the only identities the server accepts
+	// (nkey challenge), each with its permissions (see [Permissions]).
+	// Kept, not copied.
+	Users []*server.NkeyUser
+	// Cluster, when not nil, makes the server a member of a NATS cluster:
+	// JetStream is then clustered and needs ServerName, unique per server.
+	Cluster *EmbeddedCluster
 }
+
+// EmbeddedCluster is the embedded server's side of a NATS cluster.
+type EmbeddedCluster struct {
+	Name string // the same on every server of the cluster
+	// Host and Port are the route listener; Port -1 picks a free one.
+	Host string
+	Port int
+	// Routes are the other servers' route URLs; listing this server's own
+	// is harmless (nats-server ignores a route to itself).
+	Routes []*url.URL
+	// TLS of the routes, mutual: it presents its certificate, verifies the
+	// peer's (RootCAs, ClientCAs) and requires one (ClientAuth). Nil for
+	// plain routes (loopback only). Kept, not copied.
+	TLS *tls.Config
+}
+
+// tlsTimeout bounds a TLS handshake, client or route: cross-site links
+// need more than nats-server's default half second.
+const tlsTimeout = 2 // seconds
 
 // EmbeddedNATS is a nats-server with JetStream running in this process.
 //
@@ -133,6 +166,24 @@ func StartEmbedded(cfg EmbeddedConfig, log *slog.Logger) (*EmbeddedNATS, error) 
 		SyncAlways: true,
 		// The caller handles SIGINT/SIGTERM and shuts the server down in order.
 		NoSigs: true,
+		Nkeys:  cfg.Users,
+	}
+	if cfg.TLS != nil {
+		opts.TLS, opts.TLSVerify, opts.TLSConfig, opts.TLSTimeout = true, true, cfg.TLS, tlsTimeout
+	}
+	if cl := cfg.Cluster; cl != nil {
+		if cfg.ServerName == "" {
+			return nil, errors.New("runtime: embedded nats: a cluster member needs a server name")
+		}
+		opts.Cluster = server.ClusterOpts{
+			Name: cl.Name, Host: cl.Host, Port: cl.Port,
+			TLSConfig: cl.TLS, TLSTimeout: tlsTimeout,
+			// Clients are given the URLs they were configured with, never the
+			// listen addresses of the other sites' servers (which their
+			// certificates may not name, or which are not reachable).
+			NoAdvertise: true,
+		}
+		opts.Routes = cl.Routes
 	}
 	srv, err := server.NewServer(opts)
 	if err != nil {
@@ -163,7 +214,12 @@ func StartEmbedded(cfg EmbeddedConfig, log *slog.Logger) (*EmbeddedNATS, error) 
 	}
 	e := &EmbeddedNATS{srv: srv, log: log, sl: sl, dir: cfg.DataDir, stop: make(chan struct{}), done: make(chan struct{})}
 	go e.keepStore()
-	log.Info("embedded nats started", "client_url", e.ClientURL(), "store_dir", srv.StoreDir(), "sync_always", true)
+	attrs := []any{"client_url", e.ClientURL(), "store_dir", srv.StoreDir(), "sync_always", true, "server_name", srv.Name(),
+		"tls", cfg.TLS != nil, "users", len(cfg.Users)}
+	if cl := cfg.Cluster; cl != nil {
+		attrs = append(attrs, "cluster", cl.Name, "cluster_addr", srv.ClusterAddr().String(), "routes", len(cl.Routes), "route_tls", cl.TLS != nil)
+	}
+	log.Info("embedded nats started", attrs...)
 	return e, nil
 }
 

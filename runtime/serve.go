@@ -110,13 +110,25 @@ func (n *node) connected() bool {
 func (n *node) run(ctx context.Context) error {
 	s := n.s
 	connect := ConnectOptions{
-		URL: s.urls, User: s.user, Password: s.password, Creds: s.creds, TLS: s.tls,
+		URL: s.urls, User: s.user, Password: s.password, Creds: s.creds, NKey: s.nkeyFile, TLS: s.tls,
 		Retry: s.retry, Name: "understudy", DeadAfter: s.deadAfter,
 	}
+	if s.node != "" {
+		connect.Name = "understudy " + s.node
+	}
+	names := AssetsConfig{FailoverBucket: s.failoverBucket, FleetBucket: s.fleetBucket, EventsStream: s.eventsStream}
 	mode := "external"
 	if s.embedded {
 		mode = "embedded"
-		es, err := StartEmbedded(EmbeddedConfig{DataDir: s.dataDir, Host: s.listenHost, Port: s.listenPort}, n.log)
+		ec := EmbeddedConfig{
+			DataDir: s.dataDir, Host: s.listenHost, Port: s.listenPort, ServerName: s.server.name,
+			TLS: s.server.tls, Users: Permissions(s.security, names),
+		}
+		if cl := s.server.cluster; cl != nil {
+			mode = "embedded cluster " + cl.name
+			ec.Cluster = &EmbeddedCluster{Name: cl.name, Host: cl.host, Port: cl.port, Routes: cl.routes, TLS: cl.tls}
+		}
+		es, err := StartEmbedded(ec, n.log)
 		if err != nil {
 			return err
 		}
@@ -140,9 +152,7 @@ func (n *node) run(ctx context.Context) error {
 		return fmt.Errorf("runtime: jetstream: %w", err)
 	}
 
-	assets := DefaultAssets(AssetsConfig{
-		FailoverBucket: s.failoverBucket, FleetBucket: s.fleetBucket, EventsStream: s.eventsStream,
-	}, s.replicas)
+	assets := DefaultAssets(names, s.replicas)
 	if err := n.provision(ctx, js, assets); err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -180,9 +190,15 @@ func (n *node) run(ctx context.Context) error {
 		n.agent.Store(ag)
 		defer ag.Stop()
 	}
+	role := "node"
+	if host == nil {
+		// No pair and no agent: it holds a replica of the assets and
+		// counts in the cluster's quorum, nothing more.
+		role = "witness"
+	}
 	n.log.Info("ready", "client_url", clientURL, "http", n.httpAddr, "nats", mode, "replicas", s.replicas,
 		"failover_bucket", s.failoverBucket, "fleet_bucket", s.fleetBucket, "events_stream", s.eventsStream,
-		"members", len(s.members))
+		"members", len(s.members), "role", role, "secured", s.security != nil)
 
 	<-ctx.Done()
 	n.log.Info("shutting down", "cause", context.Cause(ctx))

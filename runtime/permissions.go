@@ -1,0 +1,185 @@
+package runtime
+
+import (
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"understudy/actors/agent"
+	"understudy/actors/failover"
+	"understudy/actors/procedure"
+)
+
+// Permissions are the identities of sec as the embedded server accepts
+// them: each node, operator and reader an nkey user with the least
+// privilege that lets it do its job (docs/security.md lists them):
+//
+//   - a node writes the register, config (published when absent) and its
+//     sites' heartbeats of the pairs it hosts, their events, its agent's
+//     actual-state, presence and events; it provisions and reads the
+//     assets, and answers its agent's device commands;
+//   - an operator writes the rules, switchover, pause and failover
+//     requests of any pair, any agent's desired state, sends device
+//     commands, and reads;
+//   - a reader reads.
+//
+// Nobody may delete a stream or purge or delete its messages through the
+// JetStream API. names gives the assets' names (its Replicas is unused).
+// The result is new; it keeps nothing of sec.
+//
+// NATS permissions are per subject: an identity allowed to write a key may
+// also write a delete or purge marker on it, and a leader value of a pair
+// it hosts may claim any site of it, which is why register values are
+// signed. A JetStream consumer's delivery subject is not checked against
+// its creator's permissions, so consumers are limited to pull consumers
+// (see readSet).
+func Permissions(sec *SecuritySection, names AssetsConfig) []*server.NkeyUser {
+	if sec == nil {
+		return nil
+	}
+	a := newPermAssets(names)
+	var users []*server.NkeyUser
+	for _, node := range slices.Sorted(mapKeys(sec.Nodes)) {
+		users = append(users, &server.NkeyUser{Nkey: sec.Nodes[node].NKey, Permissions: a.node(node, sec.Nodes[node])})
+	}
+	for _, k := range sec.Operators {
+		users = append(users, &server.NkeyUser{Nkey: k, Permissions: a.operator()})
+	}
+	for _, k := range sec.Readers {
+		users = append(users, &server.NkeyUser{Nkey: k, Permissions: a.reader()})
+	}
+	return users
+}
+
+func mapKeys[V any](m map[string]V) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// permAssets are the names permissions are written with.
+type permAssets struct {
+	failover string // the failover bucket's subject prefix, "$KV.<bucket>."
+	fleet    string // the fleet bucket's
+	streams  []string
+}
+
+func newPermAssets(names AssetsConfig) permAssets {
+	return permAssets{
+		failover: "$KV." + names.FailoverBucket + ".",
+		fleet:    "$KV." + names.FleetBucket + ".",
+		streams: []string{
+			Asset{Kind: KVBucket, Name: names.FailoverBucket}.StreamName(),
+			Asset{Kind: KVBucket, Name: names.FleetBucket}.StreamName(),
+			names.EventsStream,
+		},
+	}
+}
+
+// denied to everyone, whatever the allow lists say: the JetStream API
+// calls that destroy history.
+var deniedToAll = []string{
+	"$JS.API.STREAM.DELETE.>",
+	"$JS.API.STREAM.PURGE.>",
+	"$JS.API.STREAM.MSG.DELETE.>",
+	"$JS.API.STREAM.SNAPSHOT.>",
+	"$JS.API.STREAM.RESTORE.>",
+	"$JS.API.ACCOUNT.PURGE.>",
+	"$JS.API.SERVER.REMOVE",
+	"$JS.API.META.LEADER.STEPDOWN",
+}
+
+// readSet is what every identity needs to read the assets: JetStream
+// account info, stream info, direct and message gets, and consumers on
+// the three streams (KV watches are push consumers with flow control).
+//
+// Consumers are created through the JetStream API, whose request body
+// names the delivery subject; NATS does not check it against the
+// creator's permissions, and a push consumer of one stream delivering on
+// another stream's subjects copies messages into it. So only the deliver
+// subjects under _INBOX are... (see the comment on Permissions).
+func (a permAssets) readSet() []string {
+	pub := []string{"$JS.API.INFO"}
+	for _, st := range a.streams {
+		pub = append(pub,
+			"$JS.API.STREAM.INFO."+st,
+			"$JS.API.STREAM.MSG.GET."+st,
+			"$JS.API.DIRECT.GET."+st,
+			"$JS.API.DIRECT.GET."+st+".>",
+			"$JS.API.CONSUMER.CREATE."+st,
+			"$JS.API.CONSUMER.CREATE."+st+".>",
+			"$JS.API.CONSUMER.INFO."+st+".*",
+			"$JS.API.CONSUMER.DELETE."+st+".*",
+			"$JS.API.CONSUMER.MSG.NEXT."+st+".*",
+			"$JS.FC."+st+".>",
+		)
+	}
+	return pub
+}
+
+// inboxes are where replies and consumer deliveries arrive.
+var inboxes = []string{"_INBOX.>"}
+
+func (a permAssets) reader() *server.Permissions {
+	return &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: a.readSet(), Deny: deniedToAll},
+		Subscribe: &server.SubjectPermission{Allow: inboxes},
+	}
+}
+
+func (a permAssets) operator() *server.Permissions {
+	pub := a.readSet()
+	for _, key := range []string{failover.ConfigKey("*"), failover.SwitchoverKey("*"), failover.PauseKey("*"), failover.ManualFailoverKey("*")} {
+		pub = append(pub, a.failover+key)
+	}
+	pub = append(pub, a.fleet+agent.DesiredKey("*"), agent.CommandSubject("*", "*"))
+	return &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: pub, Deny: deniedToAll},
+		Subscribe: &server.SubjectPermission{Allow: inboxes},
+	}
+}
+
+// commandReplyWindow bounds how long after a device command its agent may
+// answer it.
+const commandReplyWindow = time.Minute
+
+func (a permAssets) node(name string, id NodeIdentity) *server.Permissions {
+	pub := a.readSet()
+	for _, st := range a.streams { // provisioning, and the preferred leader's keeper
+		pub = append(pub, "$JS.API.STREAM.CREATE."+st, "$JS.API.STREAM.UPDATE."+st, "$JS.API.STREAM.LEADER.STEPDOWN."+st)
+	}
+	sites := id.Sites
+	if len(sites) == 0 {
+		sites = []string{name}
+	}
+	for _, p := range id.Pairs {
+		// The config is written by a member only when absent (create);
+		// NATS cannot tell a create from an update, so rules stay the
+		// operator's by convention and the member never overwrites them.
+		pub = append(pub, a.failover+failover.LeaderKey(p), a.failover+failover.ConfigKey(p))
+		for _, s := range sites {
+			pub = append(pub, a.failover+failover.HeartbeatKey(p, s),
+				failover.Subject(p, s), failover.HostSubject(p, s), procedure.Subject(p+"."+s))
+		}
+	}
+	sub := slices.Clone(inboxes)
+	var resp *server.ResponsePermission
+	if ag := id.Agent; ag != "-" {
+		if ag == "" {
+			ag = name
+		}
+		pub = append(pub, agent.Subject(ag, ">"), a.fleet+agent.ActualKey(ag), a.fleet+agent.PresenceKey(ag))
+		sub = append(sub, agent.CommandSubject(ag, "*"))
+		resp = &server.ResponsePermission{MaxMsgs: 1, Expires: commandReplyWindow}
+	}
+	return &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: pub, Deny: deniedToAll},
+		Subscribe: &server.SubjectPermission{Allow: sub},
+		Response:  resp,
+	}
+}
