@@ -2,10 +2,10 @@ package runtime
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
-	"crypto/tls"
 	"net"
 	"net/url"
 	"os"
