@@ -59,6 +59,38 @@ type Status struct {
 	Conditions         []Condition               `msgpack:"conditions" json:"conditions"`
 	Version            string                    `msgpack:"version" json:"agent_version"`
 	Updated            time.Time                 `msgpack:"updated" json:"updated"`
+	// ManifestSigner is the public key that signed the manifest the agent
+	// runs ("": it runs an unsigned one, or none).
+	ManifestSigner string `msgpack:"manifest_signer,omitempty" json:"manifest_signer,omitempty"`
+	// RefusedManifest is the latest desired state the agent refused to
+	// run; nil once it runs the latest. What it ran before keeps running.
+	RefusedManifest *ManifestRefusal `msgpack:"refused_manifest,omitempty" json:"refused_manifest,omitempty"`
+}
+
+// RefusalReason says why an agent refused a desired state.
+type RefusalReason string
+
+const (
+	RefusedUndecodable  RefusalReason = "Undecodable"  // not a manifest, nor a signed one
+	RefusedInvalid      RefusalReason = "Invalid"      // a manifest rule (agent, ids, two resources of one thing)
+	RefusedUnsigned     RefusalReason = "Unsigned"     // the node requires signatures (security.manifest_keys)
+	RefusedBadSignature RefusalReason = "BadSignature" // the signature does not verify against the key it names
+	RefusedUntrustedKey RefusalReason = "UntrustedKey" // signed by a key not in security.manifest_keys
+	RefusedRollback     RefusalReason = "Rollback"     // signed, but older than the manifest the agent runs
+)
+
+// ManifestRefusal is a desired state an agent refused, and why.
+type ManifestRefusal struct {
+	Revision uint64        `msgpack:"rev" json:"revision"` // of desired-state.<agent>
+	Reason   RefusalReason `msgpack:"reason" json:"reason"`
+	// Signer is the key the value says signed it ("": unsigned or
+	// undecodable); with BadSignature it did not sign it.
+	Signer string `msgpack:"signer,omitempty" json:"signer,omitempty"`
+	// Generation is what the refused manifest claims (0: unknown); with
+	// any reason but Rollback and Invalid it is unverified.
+	Generation uint64    `msgpack:"gen,omitempty" json:"generation,omitempty"`
+	Message    string    `msgpack:"message" json:"message"`
+	Since      time.Time `msgpack:"since" json:"since"`
 }
 
 // Converged reports whether every resource is Ready for the manifest's
