@@ -25,6 +25,11 @@ func (s *sim) faultStart(i int) {
 		s.push(item{at: f.At + f.For, kind: evFaultEnd, ref: int32(i)})
 		return
 	}
+	if f.Kind == FaultForge {
+		// Nor is a forger's: a forged value must change nothing (forge.go).
+		s.forgeStart(i)
+		return
+	}
 	s.inv.faultEvent(s, scope, delta)
 	switch {
 	case f.Kind == FaultIsolate:
@@ -127,6 +132,8 @@ type faultAux struct {
 	on    bool   // it took effect
 	wins  int    // the node's acquires won when it began
 	pause uint64 // the pause it started
+	// A forger's: the term and beat count of its latest forged value.
+	fterm, fbeat uint64
 }
 
 func (s *sim) scope(site string) int {
@@ -201,9 +208,11 @@ func (s *sim) natsDown(power bool) {
 	}
 }
 
-// reloadRegister re-reads the register after the server lost writes.
+// reloadRegister re-reads the register after the server lost writes: the
+// latest value, and the latest one the forger did not write.
 func (s *sim) reloadRegister() {
-	s.regKnown = false
+	s.regKnown, s.top = false, regView{}
+	s.forgetForged(s.server.kv.Revision())
 	e, err := s.server.kv.Get(bg, failover.LeaderKey(s.rules.Pair))
 	if err != nil {
 		return
@@ -212,7 +221,10 @@ func (s *sim) reloadRegister() {
 	if err != nil {
 		return
 	}
-	s.reg, s.regRev, s.regTime, s.regKnown = l, e.Revision, e.Time, true
+	s.top = regView{l: l, rev: e.Revision, ts: e.Time, known: true, forged: s.forged[e.Revision]}
+	if g := s.genuineBefore(e.Revision + 1); g != nil {
+		s.reg, s.regRev, s.regTime, s.regKnown = g.Value, g.Rev, g.Time, true
+	}
 	s.refreshViews()
 }
 

@@ -58,12 +58,14 @@ type proposal struct {
 	key  string // KV key or event subject
 }
 
-// regView is the register as one site's server has applied it.
+// regView is the register as one site's server has applied it (forged:
+// the forger wrote it unsigned).
 type regView struct {
-	l     failover.Leader
-	rev   uint64
-	ts    time.Time
-	known bool
+	l      failover.Leader
+	rev    uint64
+	ts     time.Time
+	known  bool
+	forged bool
 }
 
 func (s *sim) initCluster() {
@@ -257,7 +259,7 @@ func (s *sim) refreshViews() {
 	c := &s.cl
 	for i := range c.view {
 		if c.connected(i) {
-			c.view[i] = regView{l: s.reg, rev: s.regRev, ts: s.regTime, known: s.regKnown}
+			c.view[i] = s.top
 		}
 	}
 }

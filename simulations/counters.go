@@ -57,6 +57,9 @@ const (
 	cDBLossWithinLimit  // an asynchronous promotion lost acknowledged commits within what the rules allow
 	cDBStandbyFenced    // a fence found a standby and left it streaming
 	cDBFailbackStreamed // a failback went to a streaming standby of the leader
+	// Forgers (forge.go).
+	cForgedWritten // a forger wrote a value no member wrote
+	cForgedIgnored // a member recorded a register value it does not take for a member's write
 	numCounters
 )
 
@@ -111,6 +114,8 @@ var counterNames = [numCounters]string{
 	cDBLossWithinLimit:     "db-async-loss-within-limit",
 	cDBStandbyFenced:       "db-standby-fenced-kept-streaming",
 	cDBFailbackStreamed:    "db-failback-to-streaming-standby",
+	cForgedWritten:         "forged-value-written",
+	cForgedIgnored:         "forged-value-ignored",
 }
 
 func (c counterID) String() string { return counterNames[c] }

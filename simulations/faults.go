@@ -64,9 +64,46 @@ const (
 	// FaultReplLag keeps a site's standby Bytes behind its primary while it
 	// streams (database mode only).
 	FaultReplLag
+	// FaultForge is an attacker's client writing values of the pair's keys
+	// that no member wrote (see Forge). It is not a fault of a member or
+	// of NATS: the calm periods and liveness bounds go on, since a forged
+	// value must change nothing.
+	FaultForge
 )
 
-var faultNames = [...]string{"", "partition", "stall", "loss", "latency", "crash", "powercut", "pause", "jump", "serverclock", "proc", "switchover", "isolate", "watchlag", "leader", "replcut", "repllag"}
+var faultNames = [...]string{"", "partition", "stall", "loss", "latency", "crash", "powercut", "pause", "jump", "serverclock", "proc", "switchover", "isolate", "watchlag", "leader", "replcut", "repllag", "forge"}
+
+// Forge is what a FaultForge writes. The deployment is secured: the
+// runtime verifies the signature of every register value (runtime.ValueTrust),
+// so a register value the forger writes reaches the members as Forged —
+// unless By names the site whose node key the forger holds (a peer): it is
+// then signed by that node, and By is that site. Heartbeats are not signed:
+// NATS permissions let a node write only its own sites' keys, so the
+// forger writes a heartbeat under a key it may write (Key), claiming Site
+// in the value.
+type Forge int
+
+const (
+	// ForgeHandoff writes once leader = none in the current term, naming
+	// Site to take over (a clean demotion's release, which the holder did
+	// not write).
+	ForgeHandoff Forge = iota + 1
+	// ForgeBeats writes every heartbeat_timeout a beat of Site: its latest
+	// term in the register, the next beat count.
+	ForgeBeats
+	// ForgeReady writes every heartbeat_timeout, under <pair>.hb.<Key>, a
+	// ready follower's heartbeat claiming to be Site's.
+	ForgeReady
+)
+
+var forgeNames = [...]string{"", "handoff", "beats", "ready"}
+
+func (f Forge) String() string {
+	if f <= 0 || int(f) >= len(forgeNames) {
+		return "unset"
+	}
+	return forgeNames[f]
+}
 
 func (k FaultKind) String() string {
 	if k <= 0 || int(k) >= len(faultNames) {
@@ -145,6 +182,12 @@ type Fault struct {
 	Chain procedure.ChainKind // FaultProc
 	Mode  ProcMode            // FaultProc
 	Bytes uint64              // FaultReplLag
+	// FaultForge: what is forged, the key's site of a forged heartbeat,
+	// and the site whose node key signs forged register values ("": none
+	// does: they are Forged).
+	Forge Forge
+	Key   string
+	By    string
 }
 
 // dbOnly reports whether the fault exists only in database mode.
@@ -157,6 +200,8 @@ func (f Fault) instant() bool {
 	switch f.Kind {
 	case FaultJump, FaultServerClock, FaultSwitchover, FaultLeader:
 		return true
+	case FaultForge:
+		return f.Forge == ForgeHandoff
 	}
 	return false
 }
@@ -193,6 +238,15 @@ func (f Fault) String() string {
 		args(s)
 	case FaultProc:
 		args(f.Site, f.Chain.String(), f.Mode.String())
+	case FaultForge:
+		a := []string{f.Forge.String(), f.Site}
+		if f.Forge == ForgeReady {
+			a = append(a, f.Key)
+		}
+		if f.By != "" {
+			a = append(a, "by="+f.By)
+		}
+		args(a...)
 	}
 	b.WriteByte('@')
 	b.WriteString(f.At.String())
@@ -259,6 +313,8 @@ func FormatFaults(fs []Fault) string {
 //	leader(SITE|witness)@AT
 //	replcut(SITE)@AT+FOR                  repllag(SITE,BYTES)@AT+FOR
 //	proc(SITE,rejoin,fail|hang|slow)@AT+FOR
+//	forge(handoff,SITE[,by=SITE])@AT      forge(beats,SITE[,by=SITE])@AT+FOR
+//	forge(ready,SITE,KEY)@AT+FOR
 //
 // replcut, repllag and rejoin faults need the database mode (db-* scenarios).
 //
@@ -474,6 +530,8 @@ func parseFault(raw, primary, replica string) (Fault, error) {
 			return f, fmt.Errorf("clock bump %q: want a non-zero duration such as +2s or -1s", a[0])
 		}
 		return f, nil
+	case FaultForge:
+		return f, parseForge(&f, a, site)
 	case FaultProc:
 		if err := want(3, "SITE,fence|promote|demote|rejoin,fail|hang|slow|fail-all"); err != nil {
 			return f, err
@@ -501,6 +559,56 @@ func parseFault(raw, primary, replica string) (Fault, error) {
 		return f, needFor()
 	}
 	return f, fmt.Errorf("unknown fault %q", name)
+}
+
+// parseForge reads the arguments of forge(...): handoff,SITE[,by=SITE],
+// beats,SITE[,by=SITE] or ready,SITE,KEY.
+func parseForge(f *Fault, a []string, site func(string, bool) (string, error)) error {
+	form := "forge(handoff,SITE[,by=SITE]), forge(beats,SITE[,by=SITE]) or forge(ready,SITE,KEY)"
+	if len(a) < 2 {
+		return fmt.Errorf("want %s", form)
+	}
+	f.Forge = Forge(slices.Index(forgeNames[:], a[0]))
+	if f.Forge <= 0 {
+		return fmt.Errorf("forged value %q: want handoff, beats or ready", a[0])
+	}
+	var err error
+	if f.Site, err = site(a[1], false); err != nil {
+		return err
+	}
+	rest := a[2:]
+	if f.Forge == ForgeReady {
+		if len(rest) != 1 {
+			return fmt.Errorf("want forge(ready,SITE,KEY): the heartbeat key's site")
+		}
+		f.Key = rest[0]
+		switch {
+		case f.Key == "" || strings.ContainsAny(f.Key, ".*> "):
+			return fmt.Errorf("key site %q: want a name such as site-b", f.Key)
+		case f.Key == f.Site:
+			return fmt.Errorf("key site %q: NATS permissions let only %s's node write %s's heartbeat key: a forger writes under a key it may write, claiming %s in the value", f.Key, f.Site, f.Site, f.Site)
+		}
+		rest = nil
+	}
+	switch {
+	case len(rest) > 1:
+		return fmt.Errorf("want %s", form)
+	case len(rest) == 1:
+		by, ok := strings.CutPrefix(rest[0], "by=")
+		if !ok {
+			return fmt.Errorf("%q: want by=SITE, the site whose node key signs the forged values", rest[0])
+		}
+		if f.By, err = site(by, false); err != nil {
+			return err
+		}
+	}
+	if f.Forge == ForgeHandoff && f.For > 0 {
+		return fmt.Errorf("forge(handoff,...) happens at an instant: no +DURATION")
+	}
+	if f.Forge != ForgeHandoff && f.For <= 0 {
+		return fmt.Errorf("forge(%s,...) needs a duration: forge(...)@AT+FOR", f.Forge)
+	}
+	return nil
 }
 
 func parseDur(s string) (time.Duration, error) {

@@ -42,6 +42,26 @@ func sortedByTime(fs []Fault) []Fault {
 	return out
 }
 
+func TestParseForge(t *testing.T) {
+	spec := "forge(handoff,replica)@10s;forge(handoff,site-b,by=replica)@11s;forge(beats,primary)@12s+1m;forge(ready,site-a,site-b)@13s+30s"
+	fs, err := ParseFaults(spec, "site-a", "site-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Fault{
+		{Kind: FaultForge, Forge: ForgeHandoff, Site: "site-b", At: 10 * time.Second},
+		{Kind: FaultForge, Forge: ForgeHandoff, Site: "site-b", By: "site-b", At: 11 * time.Second},
+		{Kind: FaultForge, Forge: ForgeBeats, Site: "site-a", At: 12 * time.Second, For: time.Minute},
+		{Kind: FaultForge, Forge: ForgeReady, Site: "site-a", Key: "site-b", At: 13 * time.Second, For: 30 * time.Second},
+	}
+	if !reflect.DeepEqual(fs, want) {
+		t.Fatalf("parsed\n %v\nwant\n %v", fs, want)
+	}
+	if got := FormatFaults(fs); got != "forge(handoff,site-b)@10s;forge(handoff,site-b,by=site-b)@11s;forge(beats,site-a)@12s+1m0s;forge(ready,site-a,site-b)@13s+30s" {
+		t.Errorf("formatted %q", got)
+	}
+}
+
 func TestParseFaults(t *testing.T) {
 	fs, err := ParseFaults(" partition(primary,both)@12.5s+4s; crash(nats)@1m ;loss(site-b,2.5%)@3s+1m;proc(site-a,fence,fail-all)@2s+1s;serverclock(-1.5s)@4s;jump(replica,+30s)@5s", "site-a", "site-b")
 	if err != nil {
@@ -77,6 +97,13 @@ func TestParseFaults(t *testing.T) {
 		{"pause(nats)@1s+1s", `site "nats"`},
 		{"crash(site-a)@-1s", "non-negative"},
 		{"crash(site-a@1s", "missing ')'"},
+		{"forge(handoff,site-b)@1s+1s", "no +DURATION"},
+		{"forge(beats,site-a)@1s", "needs a duration"},
+		{"forge(ready,site-a,site-a)@1s+1s", "NATS permissions"},
+		{"forge(ready,site-a)@1s+1s", "KEY"},
+		{"forge(beats,site-a,site-b)@1s+1s", "by=SITE"},
+		{"forge(beats,site-a,by=site-c)@1s+1s", `site "site-c"`},
+		{"forge(votes,site-a)@1s+1s", `forged value "votes"`},
 	} {
 		_, err := ParseFaults(tc.spec, "site-a", "site-b")
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -64,6 +64,16 @@ const (
 	// standby's clock runs, and failover_timeout later it takes over as for
 	// a dead holder. A holder that recovers serves again, ending the outage.
 	InvUnavailableStandby = "unavailable-while-standby-healthy"
+	// InvFailbackToAbsent: a holder decided to fail back (demotion
+	// requested for failback) to a member whose process had been down for
+	// more than 2 × heartbeat_timeout, counted from the later of its going
+	// down and the landing of its last heartbeat, while the holder's link
+	// and NATS had no fault since 2 × heartbeat_timeout before then. A
+	// holder fails back only on success_threshold ready heartbeats of the
+	// preferred primary; the last of them reaches it within the link's
+	// latency of landing, and no dead member writes one: it counted
+	// heartbeats its member did not write.
+	InvFailbackToAbsent = "failback-to-absent-member"
 )
 
 // writeStormLimit is how many KV writes a member may issue within one
@@ -263,6 +273,22 @@ func (v *invariants) closeGap(s *sim, by string, open bool) {
 	}
 	v.gap = false
 	v.standbyReport = false
+}
+
+// failbackDecided runs when holder n requests its demotion to fail back to
+// site (see InvFailbackToAbsent).
+func (v *invariants) failbackDecided(s *sim, n *node, site string) {
+	t := s.nodeBySite(site)
+	if t == nil || (t.alive && !t.halted) {
+		return
+	}
+	hb2 := 2 * s.rules.HeartbeatTimeout
+	since := max(t.downAt, t.lastBeatLanded)
+	if s.now-since <= hb2 || v.active[n.idx] > 0 || v.active[scopeNATS] > 0 || max(v.lastChange[n.idx], v.lastChange[scopeNATS]) >= since-hb2 {
+		return
+	}
+	s.violate(InvFailbackToAbsent, "%s decided to fail back to %s, whose process has been down since %.3fs (its last heartbeat landed at %.3fs): it counted ready heartbeats %s's member did not write",
+		n.site, t.site, t.downAt.Seconds(), t.lastBeatLanded.Seconds(), t.site)
 }
 
 // memberStopped runs when a node's appender concludes that another process

@@ -123,6 +123,7 @@ type node struct {
 	lastAcquired      time.Duration // landing of its latest acquire
 	downAt            time.Duration
 	lastLanded        time.Duration // the node's latest register write landed
+	lastBeatLanded    time.Duration // ... and its latest heartbeat
 	lastUnfenced      time.Duration // ... of those with fenced = false
 	unfenced          bool
 	wins              int // acquires won
@@ -391,6 +392,10 @@ func (s *sim) resync(n *node) {
 // does not decode — the simulator writes none).
 func (s *sim) entryInput(e events.Entry) failover.Input {
 	in, _ := failover.InputOf(s.rules.Pair, e)
+	if lo, ok := in.(failover.LeaderObserved); ok && s.forged[e.Revision] {
+		lo.Entry = s.leaderEntry(e.Revision, e.Time, lo.Entry.Value, true)
+		return lo
+	}
 	return in
 }
 
@@ -438,6 +443,9 @@ func (s *sim) onMemberEvent(n *node, ev events.Event) {
 		s.count(cLeadershipLost)
 	case *failover.DemotionRequested:
 		s.inv.demoteAt = s.now
+		if e.Reason == failover.DemoteFailback {
+			s.inv.failbackDecided(s, n, e.Handoff)
+		}
 		if s.db != nil && e.Reason == failover.DemoteFailback {
 			s.inv.dbFailback(s, n, e.Handoff)
 		}

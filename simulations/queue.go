@@ -22,6 +22,7 @@ const (
 	evEnd                             // the run is over
 	evCommit                          // database mode: the writer commits on whatever serves
 	evDBDone                          // database mode: a workload call (check, rejoin, sync) ends (node, gen = call id, ref = 1 for a check)
+	evForge                           // a forger writes again (ref = fault)
 )
 
 // item is one entry of the event queue: ordered by (at, seq). It holds no

@@ -293,9 +293,54 @@ var scenarios = []*Scenario{
 		AutoOnly: []counterID{cFailback},
 	},
 	{
+		Name: "forged-handoff", Summary: "a forger writes leader = none naming the replica while the primary serves, unsigned and then signed with the replica's node key: nobody takes it for a release",
+		Duration: 2 * time.Minute,
+		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+			return []Fault{
+				{Kind: FaultForge, Forge: ForgeHandoff, Site: rl.Replica, At: between(r, 20*time.Second, 30*time.Second)},
+				{Kind: FaultForge, Forge: ForgeHandoff, Site: rl.Replica, By: rl.Replica, At: between(r, 50*time.Second, 60*time.Second)},
+				{Kind: FaultForge, Forge: ForgeHandoff, Site: rl.Primary, At: between(r, 80*time.Second, 90*time.Second)},
+			}
+		},
+		Required:  []counterID{cForgedWritten, cForgedIgnored},
+		Forbidden: []counterID{cFailover},
+	},
+	{
+		Name: "forged-beats", Summary: "the primary loses power for good and a forger keeps writing its beats (unsigned, then with the replica's node key): the replica takes over within the bound all the same",
+		Duration: 3 * time.Minute,
+		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+			cut := between(r, 20*time.Second, 30*time.Second)
+			from := cut + between(r, 100*time.Millisecond, rl.HeartbeatTimeout)
+			return []Fault{
+				{Kind: FaultPowerCut, Site: rl.Primary, At: cut},
+				{Kind: FaultForge, Forge: ForgeBeats, Site: rl.Primary, At: from, For: 40 * time.Second},
+				{Kind: FaultForge, Forge: ForgeBeats, Site: rl.Primary, By: rl.Replica, At: from + 60*time.Second, For: 40 * time.Second},
+			}
+		},
+		Required: []counterID{cFailover, cDeadReplaced, cForgedWritten, cForgedIgnored},
+	},
+	{
+		Name: "forged-ready", Summary: "while the primary is down, a forger writes ready heartbeats claiming to be the primary's under a key it may write: the replica does not fail back to it before it returns",
+		Duration: 4 * time.Minute,
+		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+			cut := between(r, 20*time.Second, 30*time.Second)
+			return []Fault{
+				{Kind: FaultPowerCut, Site: rl.Primary, At: cut, For: between(r, 60*time.Second, 80*time.Second)},
+				{Kind: FaultForge, Forge: ForgeReady, Site: rl.Primary, Key: rl.Replica, At: cut + 2*rl.FailoverTimeout + between(r, 0, 5*time.Second), For: 30 * time.Second},
+			}
+		},
+		Required: []counterID{cFailover, cForgedWritten},
+		AutoOnly: []counterID{cFailback},
+	},
+	{
 		Name: "random", Summary: "a random schedule drawing on every fault kind (what --swarm runs)",
 		Duration: time.Hour,
 		Schedule: RandomSchedule,
+	},
+	{
+		Name: "forged-random", Summary: "random's schedule plus forgers: forged handoffs, beats and ready heartbeats, unsigned or with a peer's node key",
+		Duration: 20 * time.Minute,
+		Schedule: forgedRandomSchedule,
 	},
 	{
 		Name: "db-crashed-primary-failback", Summary: "database mode: the primary's node crashes, the replica takes over; the old primary returns with its database down and its rejoin failing for a while: no failback until it streams again (rewound)",
@@ -380,6 +425,30 @@ func dbRandomSchedule(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault 
 		default:
 			mode := []ProcMode{ProcFail, ProcHang, ProcSlow}[r.IntN(3)]
 			out = append(out, Fault{Kind: FaultProc, Site: site, Chain: procedure.ChainRejoin, Mode: mode, At: t, For: between(r, 10*time.Second, time.Minute)})
+		}
+	}
+	slices.SortStableFunc(out, func(a, b Fault) int { return cmp.Compare(a.At, b.At) })
+	return out
+}
+
+// forgedRandomSchedule is RandomSchedule plus a forger about once a
+// minute (drawn after RandomSchedule's faults, so those are random's).
+func forgedRandomSchedule(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+	out := RandomSchedule(r, rl, d)
+	sites := []string{rl.Primary, rl.Replica}
+	for t := between(r, 10*time.Second, 60*time.Second); t < d-10*time.Second; t += between(r, 20*time.Second, 100*time.Second) {
+		site := sites[r.IntN(2)]
+		by := ""
+		if r.IntN(3) == 0 {
+			by = sites[r.IntN(2)]
+		}
+		switch r.IntN(3) {
+		case 0:
+			out = append(out, Fault{Kind: FaultForge, Forge: ForgeHandoff, Site: site, By: by, At: t})
+		case 1:
+			out = append(out, Fault{Kind: FaultForge, Forge: ForgeBeats, Site: site, By: by, At: t, For: between(r, 5*time.Second, 90*time.Second)})
+		default:
+			out = append(out, Fault{Kind: FaultForge, Forge: ForgeReady, Site: site, Key: sites[1-slices.Index(sites, site)], At: t, For: between(r, 5*time.Second, 60*time.Second)})
 		}
 	}
 	slices.SortStableFunc(out, func(a, b Fault) int { return cmp.Compare(a.At, b.At) })

@@ -229,11 +229,18 @@ type sim struct {
 	recMarks  []recMark
 	anyQueued bool
 
-	// The register as the server holds it (decoded once per write).
+	// The register as the members last wrote it (decoded once per write):
+	// the checkers judge what members do against it. top is the register
+	// as the server holds it, the forger's values included; forged holds
+	// the revisions the forger wrote unsigned; heldBy each site's latest
+	// term and beat in the register.
 	reg      failover.Leader
 	regRev   uint64
 	regTime  time.Time
 	regKnown bool
+	top      regView
+	forged   map[uint64]bool
+	heldBy   [2]struct{ term, beat uint64 }
 
 	inv  invariants
 	db   *dbWorld // the replicating databases (nil: database mode off)
@@ -308,6 +315,7 @@ func newSim(cfg Config) (*sim, error) {
 	s := &sim{
 		cfg: cfg, sc: sc, rules: rules, opts: opts,
 		end: cfg.Duration, codec: NewCodec(), tw: cfg.Trace, log: cfg.Logger,
+		forged: map[uint64]bool{},
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -348,7 +356,11 @@ func newSim(cfg Config) (*sim, error) {
 			return nil, fmt.Errorf("fault %s: want a fence, promote, demote or rejoin chain and a mode", f)
 		case f.dbOnly() && !sc.Database:
 			return nil, fmt.Errorf("fault %s: needs the database mode: run a db-* scenario (see --list)", f)
-		case f.Kind < FaultPartition || f.Kind > FaultReplLag || f.At < 0 || f.For < 0:
+		case f.Kind == FaultForge && (f.Forge < ForgeHandoff || f.Forge > ForgeReady || (f.Forge != ForgeHandoff && f.For <= 0) || (f.By != "" && !rules.Has(f.By))):
+			return nil, fmt.Errorf("fault %s: want a forged handoff, beats for a duration or ready heartbeats for a duration", f)
+		case f.Kind == FaultForge && f.Forge == ForgeReady && (f.Key == "" || f.Key == f.Site):
+			return nil, fmt.Errorf("fault %s: a forged heartbeat needs a key other than the site it claims", f)
+		case f.Kind < FaultPartition || f.Kind > FaultForge || f.At < 0 || f.For < 0:
 			return nil, fmt.Errorf("fault %s: invalid", f)
 		case (f.Kind == FaultPause || f.Kind == FaultIsolate || f.Kind == FaultWatchLag || f.Kind == FaultReplCut || f.Kind == FaultReplLag) && f.For <= 0:
 			return nil, fmt.Errorf("fault %s: needs a duration", f)
@@ -497,6 +509,8 @@ func (s *sim) dispatch(it item) {
 		s.dbCommit()
 	case evDBDone:
 		s.dbDone(s.nodes[it.node], it)
+	case evForge:
+		s.forgeStart(int(it.ref))
 	}
 }
 
@@ -712,11 +726,16 @@ func (s *sim) serverWrite(n *node, ref int32) {
 			}
 			s.inv.registerWritten(s, n, w, res)
 			s.reg, s.regRev, s.regTime, s.regKnown = w.Leader, res.rev, res.ts, true
+			s.top = regView{l: w.Leader, rev: res.rev, ts: res.ts, known: true}
+			if w.Leader.Site == n.site {
+				s.heldBy[n.idx].term, s.heldBy[n.idx].beat = w.Leader.Term, w.Leader.Beat
+			}
 			s.refreshViews()
 			s.inv.checkArm(s)
 			in = failover.LeaderObserved{Entry: failover.LeaderEntry{Rev: res.rev, Time: res.ts, Value: w.Leader}}
 		} else {
-			in = failover.HeartbeatObserved{Rev: res.rev, Time: res.ts, Value: w.Beat}
+			n.lastBeatLanded = s.now
+			in = failover.HeartbeatObserved{Rev: res.rev, Time: res.ts, Site: failover.HeartbeatSite(s.rules.Pair, w.Key), Value: w.Beat}
 		}
 		s.tr.u64(res.rev)
 		// The writer's answer and the watch delivery of the same entry race
@@ -744,8 +763,9 @@ func (s *sim) refuseWrite(n *node, ref int32, err error) {
 	switch out.Err {
 	case failover.WriteConflict:
 		if v := &s.cl.view[n.idx]; w.Key == failover.LeaderKey(s.rules.Pair) && v.known {
-			out.Current = &failover.LeaderEntry{Rev: v.rev, Time: v.ts, Value: v.l}
-			if v.rev < s.regRev {
+			le := s.leaderEntry(v.rev, v.ts, v.l, v.forged)
+			out.Current = &le
+			if v.rev < s.top.rev {
 				s.count(cStaleRead)
 			}
 		}

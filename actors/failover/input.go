@@ -87,15 +87,29 @@ type LeaderEntry struct {
 	// handoff), with Term the highest term the key's history shows, so
 	// whoever replaces it by CAS takes a term above every earlier one.
 	Corrupt bool
+	// Forged: the host verifies register values (the deployment has a
+	// security section) and this one's signature does not verify against
+	// the key of a node that runs the site it names in By (a value that
+	// does not decode cannot verify either). The member never takes a
+	// forged value for a member's write.
+	Forged bool
+	// Genuine, with Forged: the latest entry of the key's history before
+	// this one whose value verifies, as the host read it (nil: none, or the
+	// host could not read the history). A member that did not see it (its
+	// watch started after it, or skipped it) learns from it who holds the
+	// register and since when.
+	Genuine *LeaderEntry
 }
 
 // LeaderObserved is a new revision of <pair>.leader seen on the watch.
 type LeaderObserved struct{ Entry LeaderEntry }
 
-// HeartbeatObserved is a new revision of <pair>.hb.<site> seen on the watch.
+// HeartbeatObserved is a new revision of <pair>.hb.<site> seen on the
+// watch. Site is the key's (HeartbeatSite), never Value.Site.
 type HeartbeatObserved struct {
 	Rev   uint64
 	Time  time.Time
+	Site  string
 	Value Heartbeat
 }
 

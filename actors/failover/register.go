@@ -57,6 +57,15 @@ type Leader struct {
 	// revision it saw last, 0 none), for status.
 	Paused   bool   `msgpack:"pz,omitempty"`
 	PauseRev uint64 `msgpack:"pr,omitempty"`
+	// By is the site of the member that wrote the value: the holder for
+	// its beats and its release, the acquirer for an acquire. Sig is the
+	// writing node's signature (ed25519, its nkey) over EncodeLeader of the
+	// value with Sig empty; the runtime signs and verifies (runtime.ValueTrust),
+	// the member only reads LeaderEntry.Forged. Both empty in values
+	// written before they existed, and Sig when the deployment has no
+	// security section.
+	By  string `msgpack:"by,omitempty"`
+	Sig []byte `msgpack:"sg,omitempty"`
 }
 
 func (l Leader) String() string {
@@ -275,6 +284,18 @@ func mustMarshal(v any) []byte {
 	return b
 }
 
+// HeartbeatSite is the site whose heartbeat key key is ("" when it is not
+// a heartbeat key of pair). A heartbeat belongs to the site its key names,
+// whatever its value says: NATS permissions let a node write only its own
+// sites' keys, and nothing checks a value's claim.
+func HeartbeatSite(pair, key string) string {
+	site, ok := strings.CutPrefix(key, pair+".hb.")
+	if !ok || site == "" || strings.Contains(site, ".") {
+		return ""
+	}
+	return site
+}
+
 // InputOf is the member input a KV entry of the pair means: the register,
 // a member heartbeat, the rules, a switchover request, the pause, a
 // failover request. nil, nil for a delete (except of the pause: a pair
@@ -296,12 +317,12 @@ func InputOf(pair string, e events.Entry) (Input, error) {
 	case e.Key == LeaderKey(pair):
 		le, err := LeaderEntryOf(e, 0)
 		return LeaderObserved{Entry: le}, err
-	case strings.HasPrefix(e.Key, pair+".hb."):
+	case HeartbeatSite(pair, e.Key) != "":
 		h, err := DecodeHeartbeat(e.Value)
 		if err != nil {
 			return nil, fmt.Errorf("corrupt heartbeat value: %w", err)
 		}
-		return HeartbeatObserved{Rev: e.Revision, Time: e.Time, Value: h}, nil
+		return HeartbeatObserved{Rev: e.Revision, Time: e.Time, Site: HeartbeatSite(pair, e.Key), Value: h}, nil
 	case e.Key == ConfigKey(pair):
 		r, err := DecodeRules(e.Value)
 		if err != nil {

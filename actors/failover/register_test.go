@@ -1,6 +1,7 @@
 package failover
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +16,7 @@ func TestInputOf(t *testing.T) {
 	}
 	l := Leader{Site: "a", Term: 3, Beat: 9}
 	in, err := InputOf("p", entry("p.leader", EncodeLeader(l)))
-	if lo, ok := in.(LeaderObserved); err != nil || !ok || lo.Entry != (LeaderEntry{Rev: 7, Time: at, Value: l}) {
+	if lo, ok := in.(LeaderObserved); err != nil || !ok || !reflect.DeepEqual(lo.Entry, LeaderEntry{Rev: 7, Time: at, Value: l}) {
 		t.Errorf("leader: %#v %v", in, err)
 	}
 	if in, err := InputOf("p", entry("p.config", []byte{0xc1})); err != nil || in.(ConfigObserved).DecodeErr == "" {
@@ -23,7 +24,7 @@ func TestInputOf(t *testing.T) {
 	}
 	// A corrupt register is an input (held by nobody) and an error to report.
 	in, err = InputOf("p", entry("p.leader", []byte{0xc1}))
-	if lo, ok := in.(LeaderObserved); err == nil || !ok || lo.Entry != (LeaderEntry{Rev: 7, Time: at, Corrupt: true}) ||
+	if lo, ok := in.(LeaderObserved); err == nil || !ok || !reflect.DeepEqual(lo.Entry, LeaderEntry{Rev: 7, Time: at, Corrupt: true}) ||
 		!strings.Contains(err.Error(), "revision 7, 1 bytes c1") {
 		t.Errorf("corrupt leader: %#v %v", in, err)
 	}
@@ -32,8 +33,26 @@ func TestInputOf(t *testing.T) {
 	if got := HighestTerm(hist); got != 4 {
 		t.Errorf("highest term %d, want 4", got)
 	}
-	if le, err := LeaderEntryOf(entry("p.leader", []byte("garbage")), 4); err == nil || !le.Corrupt || le.Value != (Leader{Term: 4}) {
+	if le, err := LeaderEntryOf(entry("p.leader", []byte("garbage")), 4); err == nil || !le.Corrupt || !reflect.DeepEqual(le.Value, Leader{Term: 4}) {
 		t.Errorf("corrupt entry with history: %+v %v", le, err)
+	}
+	// A heartbeat is the site's its key names, whatever the value claims.
+	in, err = InputOf("p", entry("p.hb.b", EncodeHeartbeat(Heartbeat{Site: "a", Beat: 3, Ready: true})))
+	if ho, ok := in.(HeartbeatObserved); err != nil || !ok || ho.Site != "b" || ho.Value.Site != "a" {
+		t.Errorf("heartbeat under b's key claiming a: %#v %v", in, err)
+	}
+	for _, key := range []string{"p.hb.", "p.hb.a.x"} {
+		if in, err := InputOf("p", entry(key, EncodeHeartbeat(Heartbeat{Site: "a"}))); in != nil || err != nil {
+			t.Errorf("%s is no heartbeat key: %#v %v", key, in, err)
+		}
+	}
+	// By and Sig round-trip, and are left out when empty.
+	signed := Leader{Site: "a", Term: 3, Beat: 9, By: "a", Sig: []byte{1, 2, 3}}
+	if got, err := DecodeLeader(EncodeLeader(signed)); err != nil || !reflect.DeepEqual(got, signed) {
+		t.Errorf("signed value: %+v %v", got, err)
+	}
+	if b := EncodeLeader(l); strings.Contains(string(b), "by") || strings.Contains(string(b), "sg") {
+		t.Errorf("unsigned value carries by or sg: %q", b)
 	}
 	for _, key := range []string{"p.hb.a", "p.switchover"} {
 		if in, err := InputOf("p", entry(key, []byte{0xc1})); in != nil || err == nil {

@@ -1,0 +1,125 @@
+package simulations
+
+import (
+	"time"
+
+	"understudy/actors/failover"
+	"understudy/events"
+)
+
+// The forger (FaultForge): an attacker's client that writes values of the
+// pair's keys no member wrote, straight to the server (it is not one of
+// the nodes: no link of theirs carries it). The deployment is secured, so
+// the model verifies register values as the runtime does
+// (runtime.ValueTrust): a value the forger writes unsigned reaches the
+// members as failover.LeaderEntry.Forged, with the latest genuine entry of
+// the key's history before it; one it writes with a peer's node key (By)
+// verifies, and only what it says can give it away. Heartbeats are not
+// signed: the forger writes them under a key it may write.
+
+// forgeStart runs fault i, a FaultForge, at its start: one write, and for
+// beats and ready one every heartbeat_timeout until the fault ends.
+func (s *sim) forgeStart(i int) {
+	s.forgeWrite(i)
+	f := s.faults[i]
+	if f.Forge == ForgeHandoff {
+		return
+	}
+	if next := s.now + s.rules.HeartbeatTimeout; next <= f.At+f.For {
+		s.push(item{at: next, kind: evForge, ref: int32(i)})
+	}
+}
+
+// forgeWrite writes fault i's forged value once. A write that finds NATS
+// down, or the stream leader without its quorum, is lost.
+func (s *sim) forgeWrite(i int) {
+	f := s.faults[i]
+	a := &s.aux[i]
+	if s.server.down || s.cl.cut {
+		s.tracef("forger", "forged %s lost: NATS is unavailable", f.Forge)
+		return
+	}
+	s.count(cForgedWritten)
+	if f.Forge == ForgeReady {
+		a.fbeat++
+		hb := failover.Heartbeat{Site: f.Site, Beat: a.fbeat, Phase: failover.PhaseFollower, Ready: true}
+		key := failover.HeartbeatKey(s.rules.Pair, f.Key)
+		rev, ts := s.server.put(s.now, key, failover.EncodeHeartbeat(hb))
+		s.tr.u64(rev)
+		s.tracef("forger", "writes %s = ready heartbeat claiming %s (rev %d)", key, f.Site, rev)
+		s.fanOut(rev, failover.HeartbeatObserved{Rev: rev, Time: ts, Site: f.Key, Value: hb})
+		return
+	}
+	var l failover.Leader
+	switch f.Forge {
+	case ForgeHandoff:
+		l = failover.Leader{Term: s.reg.Term, Handoff: f.Site}
+	case ForgeBeats:
+		if !a.on {
+			// The site's latest term and beat in the register, as its own
+			// writes left them.
+			h := s.heldBy[s.nodeBySite(f.Site).idx]
+			a.on, a.fterm, a.fbeat = true, h.term, h.beat
+		}
+		a.fbeat++
+		l = failover.Leader{Site: f.Site, Term: a.fterm, Beat: a.fbeat}
+	}
+	l.By = f.By
+	key := failover.LeaderKey(s.rules.Pair)
+	rev, ts := s.server.put(s.now, key, failover.EncodeLeader(l))
+	forged := f.By == ""
+	if forged {
+		s.forged[rev] = true
+	}
+	s.top = regView{l: l, rev: rev, ts: ts, known: true, forged: forged}
+	s.refreshViews()
+	s.tr.u64(rev)
+	how := "unsigned"
+	if !forged {
+		how = "signed with " + f.By + "'s node key"
+	}
+	s.tracef("forger", "writes %s = %v, %s (rev %d)", key, l, how, rev)
+	s.fanOut(rev, failover.LeaderObserved{Entry: s.leaderEntry(rev, ts, l, forged)})
+}
+
+// leaderEntry is a register revision as a member receives it: with
+// forged, the latest genuine entry before it from the key's history, as
+// the runtime reads it.
+func (s *sim) leaderEntry(rev uint64, ts time.Time, l failover.Leader, forged bool) failover.LeaderEntry {
+	e := failover.LeaderEntry{Rev: rev, Time: ts, Value: l, Forged: forged}
+	if forged {
+		e.Genuine = s.genuineBefore(rev)
+	}
+	return e
+}
+
+// genuineBefore is the latest entry of the register's history below rev
+// that the forger did not write unsigned (nil: none).
+func (s *sim) genuineBefore(rev uint64) *failover.LeaderEntry {
+	hist, err := s.server.kv.History(bg, failover.LeaderKey(s.rules.Pair))
+	if err != nil {
+		return nil
+	}
+	for i := len(hist) - 1; i >= 0; i-- {
+		e := hist[i]
+		if e.Revision >= rev || e.Op != events.OpPut || s.forged[e.Revision] {
+			continue
+		}
+		le, err := failover.LeaderEntryOf(e, 0)
+		if err != nil {
+			continue
+		}
+		return &le
+	}
+	return nil
+}
+
+// forgetForged drops the forged revisions a NATS power cut lost: the
+// server hands their numbers out again.
+func (s *sim) forgetForged(kept uint64) {
+	for rev := range s.forged {
+		if rev > kept {
+			delete(s.forged, rev)
+		}
+	}
+}
