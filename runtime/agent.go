@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"encoding/json"
@@ -63,6 +64,13 @@ type AgentConfig struct {
 	// processes it started, the files it wrote. Default:
 	// DefaultDataDir()/agent/<id>.
 	StateDir string
+	// ManifestKeys are the public keys (operator nkeys, "O…") whose
+	// signatures make a manifest run here (node file:
+	// security.manifest_keys). With them, an unsigned manifest, one whose
+	// signature does not verify, and one signed by another key are refused
+	// (the last accepted one keeps running, the refusal is in the status);
+	// without them, manifests are not verified and unsigned ones run.
+	ManifestKeys []string
 	// Host is the node's failover host: the postgres-pair kind adds its
 	// members to it and removes them (Serve sets it). Without one, that
 	// kind is Refused.
@@ -172,6 +180,11 @@ func StartAgent(ctx context.Context, nc *nats.Conn, fleetBucket, stream string, 
 		logger = slog.Default()
 	}
 	logger = logger.With("agent", cfg.ID)
+	for i, k := range cfg.ManifestKeys {
+		if rule := CheckManifestKey(k); rule != "" {
+			return nil, &ConfigError{Field: fmt.Sprintf("security.manifest_keys[%d]", i), Rule: rule, Value: k}
+		}
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
@@ -202,6 +215,13 @@ func StartAgent(ctx context.Context, nc *nats.Conn, fleetBucket, stream string, 
 		children: map[string]*actor.PID{}, keys: map[string]string{}, trails: map[string]*resourceTrail{}, audit: map[string]string{},
 		journal: loadJournal(cfg.StateDir, cfg.ID, logger),
 		status:  agent.Status{Agent: cfg.ID, Resources: map[string]agent.ResourceStatus{}, Conditions: []agent.Condition{}, Version: Version}}
+	if aa.fallback = loadAccepted(cfg, logger); aa.fallback != nil {
+		aa.acceptedGen, aa.savedRaw = aa.fallback.m.Generation, aa.fallback.raw
+	}
+	if len(cfg.ManifestKeys) == 0 {
+		logger.Warn("agent: manifests are not verified: this node has no security.manifest_keys, so whoever can write " +
+			agent.DesiredKey(cfg.ID) + " decides what runs here; list the manifest keys to require signatures (docs/agents.md, Signed manifests)")
+	}
 	a := &Agent{engine: engine, end: end, actor: aa, lock: lock}
 	a.pid = engine.Spawn(func() actor.Receiver { return aa }, "agent", actor.WithID(cfg.ID))
 	return a, nil
@@ -224,9 +244,15 @@ func (a *Agent) Stop() {
 }
 
 type (
+	// manifestMsg is a desired state read at desired-state.<agent>.
 	manifestMsg struct {
 		m   agent.Manifest
-		err error // a *storedManifestError when it did not decode
+		err error // *storedManifestError: it did not decode; *untrustedManifestError: it may not run here
+		rev uint64
+		// signer is the key that signed it ("": unsigned); raw the stored
+		// value, kept as the last accepted one (acceptedFile).
+		signer string
+		raw    []byte
 	}
 	resourceUpdate struct {
 		id string
@@ -272,14 +298,24 @@ type agentActor struct {
 	rev      uint64
 	// flushQueued: a flushStatus is on its way (see changed).
 	flushQueued bool
-	// reportedRev is the last revision of an undecodable manifest logged
+	// reportedRev is the last revision of a refused desired state logged
 	// (once each).
 	reportedRev uint64
-	trails      map[string]*resourceTrail // guarded by trailsMu (teardown)
-	trailsMu    sync.Mutex
-	audit       map[string]string // id → why its trail is interrupted
-	journal     *agentJournal
-	spawned     uint64 // numbers resource actors: an id's next actor never meets its last
+	// acceptedGen is the generation of the manifest the agent runs (this
+	// run's, or the last accepted one's of an earlier run): with
+	// ManifestKeys, a signed manifest below it is a replay, refused.
+	acceptedGen uint64
+	accepted    bool   // a manifest was accepted in this run
+	savedRaw    []byte // what acceptedFile holds
+	// fallback is the last manifest an earlier run accepted (acceptedFile,
+	// verified again under ManifestKeys): run when the first desired
+	// state this run reads is refused. nil: none.
+	fallback *manifestMsg
+	trails   map[string]*resourceTrail // guarded by trailsMu (teardown)
+	trailsMu sync.Mutex
+	audit    map[string]string // id → why its trail is interrupted
+	journal  *agentJournal
+	spawned  uint64 // numbers resource actors: an id's next actor never meets its last
 }
 
 func (a *agentActor) Receive(c *actor.Context) {
@@ -355,13 +391,10 @@ func (a *agentActor) startedAt(c *actor.Context) {
 				if e.Revision == 0 || e.Op != events.OpPut {
 					continue
 				}
-				// DecodeManifest is bounded and never panics: a hostile
-				// value costs a walk over at most 1 MiB, here, off the actor.
-				m, err := agent.DecodeManifest(e.Value)
-				if err != nil {
-					err = &storedManifestError{key: e.Key, rev: e.Revision, prefix: hexPrefix(e.Value), size: len(e.Value), err: err}
-				}
-				engine.Send(self, manifestMsg{m, err})
+				// Decoding is bounded and never panics: a hostile value
+				// costs a walk over at most 1 MiB and a signature check,
+				// here, off the actor.
+				engine.Send(self, readDesired(e.Key, e.Revision, e.Value, a.cfg.ManifestKeys))
 			}
 		}()
 	}
@@ -467,32 +500,114 @@ func (a *agentActor) condition(typ string, ok bool, reason, message string) {
 
 func (a *agentActor) onManifest(c *actor.Context, mm manifestMsg) {
 	m, err := mm.m, mm.err
-	if err == nil && m.Agent != a.cfg.ID {
+	reason := agent.RefusedInvalid
+	var se *storedManifestError
+	var ue *untrustedManifestError
+	switch {
+	case errors.As(err, &se):
+		reason = agent.RefusedUndecodable
+	case errors.As(err, &ue):
+		reason = ue.reason
+	case err != nil:
+	case m.Agent != a.cfg.ID:
 		err = fmt.Errorf("manifest: agent: names %s, not this agent (%s)", m.Agent, a.cfg.ID)
+	case len(a.cfg.ManifestKeys) > 0 && m.Generation < a.acceptedGen:
+		reason = agent.RefusedRollback
+		err = &untrustedManifestError{reason: reason, signer: mm.signer,
+			msg: fmt.Sprintf("generation %d, signed by %s, is older than generation %d that this agent runs: a replay of an old manifest; apply a new one", m.Generation, mm.signer, a.acceptedGen)}
 	}
 	var specErrs map[int]error
 	if err == nil {
 		specErrs, err = m.Check(a.reg, false)
 	}
 	if err != nil {
-		// A bad manifest in KV (written around apply's checks): keep what
-		// runs, and say why — once per stored revision.
-		var se *storedManifestError
-		reason := "Invalid"
-		if errors.As(err, &se) {
-			reason = "Undecodable"
-			if se.rev != a.reportedRev {
-				a.reportedRev = se.rev
-				a.logger.Error("agent: stored manifest does not decode; the resources keep their last spec until an apply replaces it",
-					"key", se.key, "revision", se.rev, "size", se.size, "starts", se.prefix, "err", se.err)
-			}
-		} else {
-			a.logger.Error("agent: manifest refused; the resources keep their last spec", "generation", m.Generation, "err", err)
-		}
-		a.condition("ManifestValid", false, reason, err.Error())
-		a.publish()
+		a.refuse(c, mm, reason, err)
 		return
 	}
+	a.run(c, m, specErrs)
+	a.accept(mm)
+}
+
+// refuse keeps what runs and says why the desired state mm does not run:
+// in the status (a condition and RefusedManifest) and in the log, once
+// per stored revision. The first desired state of a run refused, the
+// agent runs the last manifest an earlier run accepted (fallback).
+func (a *agentActor) refuse(c *actor.Context, mm manifestMsg, reason agent.RefusalReason, err error) {
+	if !a.accepted && a.fallback != nil {
+		fb := *a.fallback
+		a.fallback = nil
+		if specErrs, ferr := fb.m.Check(a.reg, false); ferr == nil {
+			a.logger.Warn("agent: the stored desired state is refused; running the last manifest this agent accepted",
+				"generation", fb.m.Generation, "signer", fb.signer, "from", acceptedFile(a.cfg.StateDir))
+			a.run(c, fb.m, specErrs)
+			a.accept(fb)
+		}
+	}
+	keeps := "nothing runs yet"
+	if a.accepted {
+		keeps = fmt.Sprintf("the agent keeps running generation %d", a.manifest.Generation)
+		if a.status.ManifestSigner != "" {
+			keeps += " (signed by " + a.status.ManifestSigner + ")"
+		}
+	}
+	key := agent.DesiredKey(a.cfg.ID)
+	msg := err.Error()
+	var ue *untrustedManifestError
+	untrusted := errors.As(err, &ue)
+	if untrusted {
+		msg = fmt.Sprintf("%s revision %d: %s; %s", key, mm.rev, msg, keeps)
+	}
+	if mm.rev == 0 || mm.rev != a.reportedRev {
+		a.reportedRev = mm.rev
+		var se *storedManifestError
+		switch {
+		case errors.As(err, &se):
+			a.logger.Error("agent: stored manifest does not decode; the resources keep their last spec until an apply replaces it",
+				"key", se.key, "revision", se.rev, "size", se.size, "starts", se.prefix, "err", se.err)
+		case untrusted:
+			a.logger.Error("agent: manifest refused; "+keeps,
+				"key", key, "revision", mm.rev, "reason", string(reason), "signer", ue.signer, "err", ue.msg)
+		default:
+			a.logger.Error("agent: manifest refused; the resources keep their last spec", "revision", mm.rev, "generation", mm.m.Generation, "err", err)
+		}
+	}
+	if untrusted {
+		a.condition("ManifestTrusted", false, string(reason), msg)
+	} else {
+		a.condition("ManifestValid", false, string(reason), msg)
+	}
+	r := &agent.ManifestRefusal{Revision: mm.rev, Reason: reason, Signer: mm.signer, Generation: mm.m.Generation, Message: msg, Since: time.Now().UTC()}
+	if old := a.status.RefusedManifest; old != nil && old.Revision == r.Revision && old.Reason == r.Reason {
+		r.Since = old.Since
+	}
+	a.status.RefusedManifest = r
+	a.publish()
+}
+
+// accept records mm as the manifest the agent runs: its signer in the
+// status, and its stored value in the state directory (acceptedFile), for
+// a later run whose first desired state is refused.
+func (a *agentActor) accept(mm manifestMsg) {
+	a.accepted, a.acceptedGen = true, mm.m.Generation
+	a.status.ManifestSigner = mm.signer
+	a.status.RefusedManifest = nil
+	if len(a.cfg.ManifestKeys) > 0 {
+		a.condition("ManifestTrusted", true, "Verified", fmt.Sprintf("generation %d signed by %s", mm.m.Generation, mm.signer))
+	}
+	if len(mm.raw) == 0 || bytes.Equal(mm.raw, a.savedRaw) {
+		return
+	}
+	if err := resources.WriteState(acceptedFile(a.cfg.StateDir), mm.raw); err != nil {
+		a.logger.Warn("agent: cannot keep the accepted manifest: a restart whose first manifest is refused will run nothing", "err", err)
+		return
+	}
+	a.savedRaw = mm.raw
+}
+
+// run converges to m: what left it is deleted, what is new started, what
+// changed updated. specErrs are m's resources whose specs are refused
+// (they keep their last spec).
+func (a *agentActor) run(c *actor.Context, m agent.Manifest, specErrs map[int]error) {
 	a.condition("ManifestValid", true, "", "")
 	a.manifest = m
 	a.status.ManifestGeneration = m.Generation
@@ -1037,14 +1152,19 @@ func (ra *managedActor) schedule(c *actor.Context, d time.Duration) {
 
 // ApplyManifest stores m as the agent's desired state with the next
 // generation, by compare-and-set on the stored one (a concurrent apply
-// makes it fail with events.ErrConflict rather than lose either). m is
-// validated first against reg: fields and rules of the known kinds; a
-// kind reg does not know is left to the agent (UnknownResource).
+// makes it fail with events.ErrConflict rather than lose either), signed
+// when w has a key. m is validated first against reg: fields and rules of
+// the known kinds; a kind reg does not know is left to the agent
+// (UnknownResource).
 //
 // The postgres-pair resources belong to pair manifests (ApplyPair writes
 // them into both sites' agents): m may not hold one, and those stored
 // are kept, so that applying an agent's manifest never stops a database.
-func ApplyManifest(ctx context.Context, kv events.KV, m agent.Manifest, reg resources.Registry) (agent.Manifest, uint64, error) {
+// A signed write keeps them only from a stored manifest w vouches for
+// (ManifestWriter.Trusted; otherwise a *StoredContentError). A stored
+// value that does not decode, or whose signature does not verify, is
+// replaced and its content dropped.
+func ApplyManifest(ctx context.Context, kv events.KV, m agent.Manifest, reg resources.Registry, w ManifestWriter) (agent.Manifest, uint64, error) {
 	if err := m.Validate(reg, false); err != nil {
 		return m, 0, err
 	}
@@ -1058,8 +1178,8 @@ func ApplyManifest(ctx context.Context, kv events.KV, m agent.Manifest, reg reso
 	cur, err := kv.Get(ctx, key)
 	switch {
 	case errors.Is(err, events.ErrNotFound):
-		m.Generation = 1
-		b, err := agent.EncodeManifest(m)
+		m.Generation = firstGeneration(ctx, kv, m.Agent)
+		b, err := w.encode(m)
 		if err != nil {
 			return m, 0, err
 		}
@@ -1068,28 +1188,59 @@ func ApplyManifest(ctx context.Context, kv events.KV, m agent.Manifest, reg reso
 	case err != nil:
 		return m, 0, err
 	}
-	if old, err := agent.DecodeManifest(cur.Value); err == nil {
-		m.Generation = old.Generation + 1
-		for _, r := range old.Resources {
+	// A stored value that does not decode or verify (written around
+	// apply), or that w does not vouch for, gives no generation to trust:
+	// the key's revision is above every generation stored there (each
+	// apply takes a revision of its own).
+	m.Generation = cur.Revision + 1
+	if sd, err := w.read(cur.Value); err == nil {
+		var kept []agent.Resource
+		for _, r := range sd.m.Resources {
 			if r.Kind != PostgresPairKind {
 				continue
 			}
 			if slices.ContainsFunc(m.Resources, func(x agent.Resource) bool { return x.ID == r.ID }) {
 				return m, 0, &agent.ManifestError{Field: "resources", Rule: fmt.Sprintf("id %s is the postgres-pair %s this agent runs: give the resource another id", r.ID, r.ID)}
 			}
-			m.Resources = append(m.Resources, r)
+			kept = append(kept, r)
 		}
-	} else {
-		// A stored value that does not decode (written around apply) is
-		// replaced, never a reason to refuse: its generation is unknown,
-		// and the key's revision is above every generation stored there
-		// (each apply takes a revision of its own).
-		m.Generation = cur.Revision + 1
+		if !sd.vouched && len(kept) > 0 {
+			return m, 0, &StoredContentError{Key: key, Revision: cur.Revision, Signer: sd.signer, Resources: resourceIDs(kept)}
+		}
+		m.Resources = append(m.Resources, kept...)
+		if next := sd.m.Generation + 1; sd.vouched && next > sd.m.Generation {
+			m.Generation = next
+		}
 	}
-	b, err := agent.EncodeManifest(m)
+	b, err := w.encode(m)
 	if err != nil {
 		return m, 0, err
 	}
 	rev, err := kv.Update(ctx, key, b, cur.Revision)
 	return m, rev, err
+}
+
+// firstGeneration is the generation of a manifest written where none is
+// stored: above the one the agent reports running, so that a key
+// deleted and written again is not refused as a replay by an agent that
+// verifies signatures.
+func firstGeneration(ctx context.Context, kv events.KV, agentID string) uint64 {
+	e, err := kv.Get(ctx, agent.ActualKey(agentID))
+	if err != nil {
+		return 1
+	}
+	s, err := agent.DecodeStatus(e.Value)
+	if err != nil || s.ManifestGeneration+1 == 0 {
+		return 1
+	}
+	return s.ManifestGeneration + 1
+}
+
+// resourceIDs lists rs's ids.
+func resourceIDs(rs []agent.Resource) []string {
+	ids := make([]string, len(rs))
+	for i, r := range rs {
+		ids[i] = r.ID
+	}
+	return ids
 }

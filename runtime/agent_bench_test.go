@@ -126,7 +126,7 @@ func BenchmarkAgentApply(b *testing.B) {
 		round := 0
 		for b.Loop() {
 			round++
-			m, _, err := ApplyManifest(ctx, ab.fleet, ab.manifest(round), ab.reg)
+			m, _, err := ApplyManifest(ctx, ab.fleet, ab.manifest(round), ab.reg, ManifestWriter{})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -375,7 +375,7 @@ func TestAgentAPanicStaysInItsResource(t *testing.T) {
 		kinds: []resources.Reconciler{panicKind{}}})
 	path := filepath.Join(t.TempDir(), "a")
 	m := agent.Manifest{Agent: "r6", Resources: []agent.Resource{res("p", "panic", nil), res("a", "file", map[string]any{"path": path, "content": "a\n"})}}
-	m, _, err := ApplyManifest(context.Background(), w.fleet, m, w.a.actor.reg)
+	m, _, err := ApplyManifest(context.Background(), w.fleet, m, w.a.actor.reg, ManifestWriter{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -247,4 +248,43 @@ func lockStateDir(dir string) (*os.File, error) {
 		return nil, fmt.Errorf("agent state directory %s is in use by another agent (%w): give each agent a directory of its own", dir, err)
 	}
 	return fh, nil
+}
+
+// readDesired decodes and verifies a value stored at key (revision rev)
+// against trusted (openDesired): a value that does not decode is a
+// *storedManifestError; one that may not run, an *untrustedManifestError.
+func readDesired(key string, rev uint64, b []byte, trusted []string) manifestMsg {
+	m, signer, err := openDesired(b, trusted)
+	var ue *untrustedManifestError
+	if err != nil && !errors.As(err, &ue) {
+		err = &storedManifestError{key: key, rev: rev, prefix: hexPrefix(b), size: len(b), err: err}
+	}
+	return manifestMsg{m: m, err: err, rev: rev, signer: signer, raw: b}
+}
+
+// acceptedFile holds the stored value of the last manifest the agent
+// accepted (signed or not, as stored).
+func acceptedFile(stateDir string) string { return filepath.Join(stateDir, "manifest") }
+
+// loadAccepted reads acceptedFile and verifies it again against the
+// node's keys now: nil when there is none, or it does not verify or no
+// longer suits this agent (a key removed from security.manifest_keys
+// takes its manifests with it).
+func loadAccepted(cfg AgentConfig, logger *slog.Logger) *manifestMsg {
+	path := acceptedFile(cfg.StateDir)
+	b, err := readBounded(path, agent.SignedLimits.Bytes)
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err == nil {
+		mm := readDesired(path, 0, b, cfg.ManifestKeys)
+		if err = mm.err; err == nil && mm.m.Agent != cfg.ID {
+			err = fmt.Errorf("names agent %s", mm.m.Agent)
+		}
+		if err == nil {
+			return &mm
+		}
+	}
+	logger.Warn("agent: not using the last accepted manifest of an earlier run", "path", path, "err", err)
+	return nil
 }

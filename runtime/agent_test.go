@@ -33,6 +33,11 @@ type agentWorld struct {
 
 func startAgentWorld(t *testing.T, cfg AgentConfig) *agentWorld {
 	t.Helper()
+	return startAgentWorldLogged(t, cfg, slog.New(slog.DiscardHandler))
+}
+
+func startAgentWorldLogged(t *testing.T, cfg AgentConfig, logger *slog.Logger) *agentWorld {
+	t.Helper()
 	fn := startFailoverNATS(t)
 	nc := connectTo(t, "nats://"+fn.addr)
 	ctx := context.Background()
@@ -43,7 +48,7 @@ func startAgentWorld(t *testing.T, cfg AgentConfig) *agentWorld {
 	if cfg.StateDir == "" {
 		cfg.StateDir = t.TempDir()
 	}
-	a, err := StartAgent(ctx, nc, fn.names.FleetBucket, fn.names.EventsStream, cfg, slog.New(slog.DiscardHandler))
+	a, err := StartAgent(ctx, nc, fn.names.FleetBucket, fn.names.EventsStream, cfg, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +59,7 @@ func startAgentWorld(t *testing.T, cfg AgentConfig) *agentWorld {
 func (w *agentWorld) apply(m agent.Manifest) agent.Manifest {
 	w.t.Helper()
 	m.Agent = w.id
-	m, _, err := ApplyManifest(context.Background(), w.fleet, m, AgentRegistry(AgentConfig{}, resources.NewProcess()))
+	m, _, err := ApplyManifest(context.Background(), w.fleet, m, AgentRegistry(AgentConfig{}, resources.NewProcess()), ManifestWriter{})
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -301,7 +306,7 @@ func TestApplyManifestRefusesBadSpecs(t *testing.T) {
 		{agent.Manifest{Agent: "N4"}, "manifest: agent: must be lower-case"},
 		{agent.Manifest{Agent: "n4", Resources: []agent.Resource{{ID: "a"}}}, "resources[0].kind: required"},
 	} {
-		_, _, err := ApplyManifest(context.Background(), w.fleet, tc.m, reg)
+		_, _, err := ApplyManifest(context.Background(), w.fleet, tc.m, reg, ManifestWriter{})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: err %v, want %q", tc.m, err, tc.want)
 		}

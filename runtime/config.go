@@ -558,6 +558,15 @@ func (c Config) resolve() (settings, error) {
 			}
 			ac.Podman = pc
 		}
+		if sec := c.Security; sec != nil {
+			// Each key is checked with the security section; a secured
+			// deployment whose agent ran unsigned manifests would let any
+			// writer of desired-state run code on the node.
+			if len(sec.ManifestKeys) == 0 {
+				bad("security.manifest_keys", "required with an agent section: the agent runs only manifests signed by one of these keys (understudy init makes one; docs/agents.md, Signed manifests)", "")
+			}
+			ac.ManifestKeys = slices.Clone(sec.ManifestKeys)
+		}
 		s.agent = &ac
 	}
 

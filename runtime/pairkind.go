@@ -510,14 +510,16 @@ type PairApplied struct {
 
 // ApplyPair writes the pair into the manifests of both sites' agents (the
 // resource <pair> of kind postgres-pair, the rest of each manifest kept),
-// each by compare-and-set with the next generation; an agent whose manifest
-// holds the same spec already is not written. It stops at the first
-// failure and reports the agents done so far: applying again is safe.
-func ApplyPair(ctx context.Context, kv events.KV, pm PairManifest) ([]PairApplied, error) {
+// each by compare-and-set with the next generation, signed when w has a
+// key; an agent whose manifest holds the same spec already is not written
+// (unless w signs and the stored manifest is unsigned). It stops at the
+// first failure and reports the agents done so far: applying again is
+// safe.
+func ApplyPair(ctx context.Context, kv events.KV, pm PairManifest, w ManifestWriter) ([]PairApplied, error) {
 	res := pm.Resource()
 	var done []PairApplied
 	for _, ag := range pm.Pair.Agents() {
-		a, err := editManifest(ctx, kv, ag, func(m *agent.Manifest) bool {
+		a, err := editManifest(ctx, kv, ag, w, res.ID, true, func(m *agent.Manifest) bool {
 			i := slices.IndexFunc(m.Resources, func(r agent.Resource) bool { return r.ID == res.ID })
 			switch {
 			case i < 0:
@@ -538,13 +540,13 @@ func ApplyPair(ctx context.Context, kv events.KV, pm PairManifest) ([]PairApplie
 }
 
 // DeletePair removes the resource of pair from the manifests of agents
-// (by compare-and-set, the rest kept): each agent removes its member, and
-// the data directories stay. An agent whose manifest does not hold it is
-// not written.
-func DeletePair(ctx context.Context, kv events.KV, pair string, agents []string) ([]PairApplied, error) {
+// (by compare-and-set, the rest kept, signed when w has a key): each agent
+// removes its member, and the data directories stay. An agent whose
+// manifest does not hold it is not written.
+func DeletePair(ctx context.Context, kv events.KV, pair string, agents []string, w ManifestWriter) ([]PairApplied, error) {
 	var done []PairApplied
 	for _, ag := range agents {
-		a, err := editManifest(ctx, kv, ag, func(m *agent.Manifest) bool {
+		a, err := editManifest(ctx, kv, ag, w, pair, false, func(m *agent.Manifest) bool {
 			n := len(m.Resources)
 			m.Resources = slices.DeleteFunc(m.Resources, func(r agent.Resource) bool { return r.ID == pair && r.Kind == PostgresPairKind })
 			return len(m.Resources) != n
@@ -558,13 +560,17 @@ func DeletePair(ctx context.Context, kv events.KV, pair string, agents []string)
 }
 
 // editManifest changes agent ag's stored manifest with edit (false: no
-// change, nothing written) and stores it with the next generation, by
-// compare-and-set, retrying a few times when another apply lands between
-// the read and the write.
-func editManifest(ctx context.Context, kv events.KV, ag string, edit func(*agent.Manifest) bool) (PairApplied, error) {
+// change) and stores it with the next generation, by compare-and-set,
+// retrying a few times when another apply lands between the read and the
+// write. edit writes the resource own; the others are carried over, which
+// a signed write does only from a stored manifest w vouches for
+// (*StoredContentError otherwise). Nothing is written when edit changes
+// nothing, unless resign, w signs and the stored manifest is unsigned:
+// the edit then signs it, for agents that require signatures.
+func editManifest(ctx context.Context, kv events.KV, ag string, w ManifestWriter, own string, resign bool, edit func(*agent.Manifest) bool) (PairApplied, error) {
 	key := agent.DesiredKey(ag)
 	for attempt := 0; ; attempt++ {
-		m := agent.Manifest{Agent: ag}
+		sd := storedDesired{m: agent.Manifest{Agent: ag}, vouched: true}
 		var rev uint64
 		cur, err := kv.Get(ctx, key)
 		switch {
@@ -573,16 +579,36 @@ func editManifest(ctx context.Context, kv events.KV, ag string, edit func(*agent
 			return PairApplied{Agent: ag}, err
 		default:
 			rev = cur.Revision
-			if m, err = agent.DecodeManifest(cur.Value); err != nil {
-				return PairApplied{Agent: ag}, fmt.Errorf("the stored manifest at %s does not decode (%v): apply the agent's manifest first", key, err)
+			if sd, err = w.read(cur.Value); err != nil {
+				return PairApplied{Agent: ag}, fmt.Errorf("the stored manifest at %s does not decode or verify (%v): apply the agent's manifest first", key, err)
 			}
 		}
+		m := sd.m
 		old := m.Generation
-		if !edit(&m) {
+		changed := edit(&m)
+		if !changed && !(resign && rev != 0 && w.Key != nil && sd.signer == "") {
 			return PairApplied{Agent: ag, Generation: old}, nil
 		}
-		m.Generation = old + 1
-		b, err := agent.EncodeManifest(m)
+		if !sd.vouched {
+			var carried []agent.Resource
+			for _, r := range m.Resources {
+				if r.ID != own {
+					carried = append(carried, r)
+				}
+			}
+			if len(carried) > 0 {
+				return PairApplied{Agent: ag}, &StoredContentError{Key: key, Revision: rev, Signer: sd.signer, Resources: resourceIDs(carried)}
+			}
+		}
+		switch next := old + 1; {
+		case rev == 0:
+			m.Generation = firstGeneration(ctx, kv, ag)
+		case sd.vouched && next > old:
+			m.Generation = next
+		default: // a generation not vouched for: above the key's revision
+			m.Generation = rev + 1
+		}
+		b, err := w.encode(m)
 		if err != nil {
 			return PairApplied{Agent: ag}, err
 		}

@@ -172,7 +172,7 @@ func TestApplyManifestRefusesPostgresPair(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := agent.Manifest{Agent: "site-a", Resources: []agent.Resource{pm.Resource()}}
-	_, _, err = ApplyManifest(context.Background(), nil, m, AgentRegistry(AgentConfig{ID: "site-a"}, resources.NewProcess()))
+	_, _, err = ApplyManifest(context.Background(), nil, m, AgentRegistry(AgentConfig{ID: "site-a"}, resources.NewProcess()), ManifestWriter{})
 	var me *agent.ManifestError
 	if !errors.As(err, &me) || me.Field != "resources[0].kind" || !strings.Contains(me.Rule, "manifest of its own") {
 		t.Fatalf("err = %v", err)
@@ -378,14 +378,14 @@ func TestPostgresPairManifestConverges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	applied, err := ApplyPair(ctx, fleet, pm)
+	applied, err := ApplyPair(ctx, fleet, pm, ManifestWriter{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(applied) != 2 || !applied[0].Changed || !applied[1].Changed {
 		t.Fatalf("applied = %+v", applied)
 	}
-	if again, err := ApplyPair(ctx, fleet, pm); err != nil || again[0].Changed || again[1].Changed {
+	if again, err := ApplyPair(ctx, fleet, pm, ManifestWriter{}); err != nil || again[0].Changed || again[1].Changed {
 		t.Fatalf("applying the same pair again: %+v %v (want no write)", again, err)
 	}
 
@@ -433,7 +433,7 @@ func TestPostgresPairManifestConverges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ApplyPair(ctx, fleet, moved); err != nil {
+	if _, err := ApplyPair(ctx, fleet, moved, ManifestWriter{}); err != nil {
 		t.Fatal(err)
 	}
 	st := waitAgent(t, fleet, "site-a", "the storage change Refused", 20*time.Second, func(s agent.Status) bool {
@@ -451,7 +451,7 @@ func TestPostgresPairManifestConverges(t *testing.T) {
 	}
 
 	// Delete: both members go, both servers stop, the data stays.
-	done, err := DeletePair(ctx, fleet, "pg-main", pm.Pair.Agents())
+	done, err := DeletePair(ctx, fleet, "pg-main", pm.Pair.Agents(), ManifestWriter{})
 	if err != nil || len(done) != 2 || !done[0].Changed || !done[1].Changed {
 		t.Fatalf("delete: %+v %v", done, err)
 	}
