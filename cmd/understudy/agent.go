@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"gopkg.in/yaml.v3"
 
 	"understudy/actors/agent"
 	"understudy/actors/resources"
@@ -24,6 +25,47 @@ func fleetFlags(cmd *cobra.Command) *natsFlags {
 	nf := &natsFlags{}
 	nf.addFleet(cmd)
 	return nf
+}
+
+// signFlags are the signing flags of the commands that write desired
+// state.
+type signFlags struct {
+	key         string
+	trust       []string
+	trustStored bool
+}
+
+func (f *signFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.key, "sign-key", "", "file of the manifest signing key, an operator nkey seed (SO…) ($UNDERSTUDY_SIGN_KEY); nodes with security.manifest_keys run only signed manifests")
+	cmd.Flags().StringArrayVar(&f.trust, "trust-key", nil, "public key (O…) whose stored manifests a signed write may carry resources over from, besides the signing key's own (repeatable)")
+	cmd.Flags().BoolVar(&f.trustStored, "trust-stored", false, "carry resources over from the stored manifest whatever signed it (read it first: understudy get manifest)")
+}
+
+// writer is how the command writes desired state: signed with the key of
+// --sign-key or $UNDERSTUDY_SIGN_KEY, else unsigned with a warning on
+// stderr (the CLI cannot know whether the nodes require signatures).
+func (f *signFlags) writer(cmd *cobra.Command) (runtime.ManifestWriter, error) {
+	usage := func(err error) error { return &usageError{cmd: cmd.CommandPath(), err: err} }
+	w := runtime.ManifestWriter{Trusted: f.trust, TrustStored: f.trustStored}
+	for i, k := range f.trust {
+		if rule := runtime.CheckManifestKey(k); rule != "" {
+			return w, usage(fmt.Errorf("--trust-key[%d] %q: %s", i, k, rule))
+		}
+	}
+	path, from := f.key, "--sign-key"
+	if path == "" {
+		path, from = os.Getenv("UNDERSTUDY_SIGN_KEY"), "$UNDERSTUDY_SIGN_KEY"
+	}
+	if path == "" {
+		fmt.Fprintln(cmd.ErrOrStderr(), "warning: writing an unsigned manifest (no --sign-key, no $UNDERSTUDY_SIGN_KEY): agents whose node file lists security.manifest_keys will refuse it")
+		return w, nil
+	}
+	key, err := runtime.LoadManifestKey(path)
+	if err != nil {
+		return w, usage(fmt.Errorf("%s: %w", from, err))
+	}
+	w.Key = key
+	return w, nil
 }
 
 func newApplyCmd(stdout io.Writer) *cobra.Command {
@@ -39,10 +81,19 @@ agent. Follow the agent's progress with 'understudy get status --agent ID'.
 
 A manifest of kind postgres-pair (kind: postgres-pair at the top) is written
 into the manifests of both sites' agents, which run the pair's members;
-'understudy delete -f' takes it out again.`,
+'understudy delete -f' takes it out again.
+
+With --sign-key (or $UNDERSTUDY_SIGN_KEY) the stored manifest is signed:
+nodes whose node file lists security.manifest_keys run only manifests
+signed by one of those keys. A signed write carries resources over from
+the stored manifest (the postgres-pair resources an agent's manifest
+keeps, the resources around a pair) only when that manifest is signed
+by the same key or a --trust-key; otherwise it refuses, naming them.`,
 		Args: cobra.NoArgs,
 	}
 	nf := fleetFlags(cmd)
+	var sf signFlags
+	sf.add(cmd)
 	cmd.Flags().StringVarP(&file, "file", "f", "", "manifest file (YAML)")
 	cmd.Flags().StringVar(&agentID, "agent", "", "agent ID (default: the manifest's agent)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
@@ -61,7 +112,11 @@ into the manifests of both sites' agents, which run the pair's members;
 			if agentID != "" {
 				return usage(fmt.Errorf("%s: a postgres-pair goes to the agents its sites name; --agent does not apply", file))
 			}
-			return applyPair(cmd, nf, stdout, pm, false)
+			w, err := sf.writer(cmd)
+			if err != nil {
+				return err
+			}
+			return applyPair(cmd, nf, w, stdout, pm, false)
 		}
 		m, err := agent.ParseManifestYAML(data)
 		if err != nil {
@@ -80,19 +135,27 @@ into the manifests of both sites' agents, which run the pair's members;
 		if err := m.Validate(reg, false); err != nil {
 			return usage(fmt.Errorf("%s: %w", file, err))
 		}
+		w, err := sf.writer(cmd)
+		if err != nil {
+			return err
+		}
 		nc, kv, err := nf.connect(cmd.Context())
 		if err != nil {
 			return err
 		}
 		defer nc.Close()
-		m, rev, err := runtime.ApplyManifest(cmd.Context(), kv, m, reg)
+		m, rev, err := runtime.ApplyManifest(cmd.Context(), kv, m, reg, w)
 		if errors.Is(err, events.ErrConflict) {
 			return fmt.Errorf("apply: another apply to agent %s landed first; run it again: %w", m.Agent, err)
 		}
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "applied manifest generation %d for agent %s (%d resources, revision %d)\n", m.Generation, m.Agent, len(m.Resources), rev)
+		signed := "unsigned"
+		if w.Key != nil {
+			signed = "signed by " + w.Key.Public()
+		}
+		fmt.Fprintf(stdout, "applied manifest generation %d for agent %s (%d resources, revision %d, %s)\n", m.Generation, m.Agent, len(m.Resources), rev, signed)
 		return nil
 	}
 	return cmd
@@ -100,7 +163,7 @@ into the manifests of both sites' agents, which run the pair's members;
 
 // applyPair writes a pair manifest into both sites' agents' manifests
 // (runtime.ApplyPair), or takes it out of them (runtime.DeletePair).
-func applyPair(cmd *cobra.Command, nf *natsFlags, stdout io.Writer, pm runtime.PairManifest, remove bool) error {
+func applyPair(cmd *cobra.Command, nf *natsFlags, w runtime.ManifestWriter, stdout io.Writer, pm runtime.PairManifest, remove bool) error {
 	nc, kv, err := nf.connect(cmd.Context())
 	if err != nil {
 		return err
@@ -111,9 +174,9 @@ func applyPair(cmd *cobra.Command, nf *natsFlags, stdout io.Writer, pm runtime.P
 	var done []runtime.PairApplied
 	if remove {
 		verb = "deleted"
-		done, err = runtime.DeletePair(cmd.Context(), kv, pair, pm.Pair.Agents())
+		done, err = runtime.DeletePair(cmd.Context(), kv, pair, pm.Pair.Agents(), w)
 	} else {
-		done, err = runtime.ApplyPair(cmd.Context(), kv, pm)
+		done, err = runtime.ApplyPair(cmd.Context(), kv, pm, w)
 	}
 	for _, a := range done {
 		if a.Changed {
@@ -122,7 +185,11 @@ func applyPair(cmd *cobra.Command, nf *natsFlags, stdout io.Writer, pm runtime.P
 			fmt.Fprintf(stdout, "postgres-pair %s for agent %s: unchanged (manifest generation %d)\n", pair, a.Agent, a.Generation)
 		}
 	}
-	if err != nil {
+	var sc *runtime.StoredContentError
+	switch {
+	case errors.As(err, &sc):
+		return fmt.Errorf("%s postgres-pair %s: %w", verb[:len(verb)-1], pair, err)
+	case err != nil:
 		return fmt.Errorf("%s postgres-pair %s: %w (the agents listed above have it; run the command again)", verb[:len(verb)-1], pair, err)
 	}
 	return nil
@@ -136,6 +203,8 @@ func newDeleteCmd(stdout io.Writer) *cobra.Command {
 		Args:  cobra.NoArgs,
 	}
 	nf := fleetFlags(cmd)
+	var sf signFlags
+	sf.add(cmd)
 	cmd.Flags().StringVarP(&file, "file", "f", "", "the pair manifest (kind: postgres-pair) that was applied")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		usage := func(err error) error { return &usageError{cmd: cmd.CommandPath(), err: err} }
@@ -153,7 +222,11 @@ func newDeleteCmd(stdout io.Writer) *cobra.Command {
 		case !isPair:
 			return usage(fmt.Errorf("%s: kind: delete takes a manifest of kind postgres-pair; an agent's resources go by applying its manifest without them", file))
 		}
-		return applyPair(cmd, nf, stdout, pm, true)
+		w, err := sf.writer(cmd)
+		if err != nil {
+			return err
+		}
+		return applyPair(cmd, nf, w, stdout, pm, true)
 	}
 	return cmd
 }
@@ -194,6 +267,16 @@ func newGetCmd(stdout io.Writer) *cobra.Command {
 		}
 		fmt.Fprintf(stdout, "agent %s (%s): manifest generation %d, observed %d, converged %v, updated %s\n",
 			s.Agent, s.Version, s.ManifestGeneration, s.ObservedGeneration, s.Converged(), s.Updated.Format(time.RFC3339))
+		if s.ManifestSigner != "" {
+			fmt.Fprintf(stdout, "manifest signed by %s\n", s.ManifestSigner)
+		}
+		if r := s.RefusedManifest; r != nil {
+			fmt.Fprintf(stdout, "refused %s revision %d (%s", agent.DesiredKey(s.Agent), r.Revision, r.Reason)
+			if r.Signer != "" {
+				fmt.Fprintf(stdout, ", signer %s", r.Signer)
+			}
+			fmt.Fprintf(stdout, ") since %s: %s\n", r.Since.Format(time.RFC3339), r.Message)
+		}
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tKIND\tPHASE\tSINCE\tDETAIL")
 		for _, id := range s.IDs() {
@@ -220,8 +303,75 @@ func newGetCmd(stdout io.Writer) *cobra.Command {
 		}
 		return nil
 	}
-	get.AddCommand(status)
+	get.AddCommand(status, newGetManifestCmd(stdout))
 	return get
+}
+
+func newGetManifestCmd(stdout io.Writer) *cobra.Command {
+	var agentID string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "manifest --agent ID [--json]",
+		Short: "An agent's stored desired state: the manifest, and who signed it (the signature checked against the key it names)",
+		Args:  cobra.NoArgs,
+	}
+	nf := fleetFlags(cmd)
+	cmd.Flags().StringVar(&agentID, "agent", "", "agent ID")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print it as JSON")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if agentID == "" {
+			return &usageError{cmd: cmd.CommandPath(), err: errors.New("give --agent ID")}
+		}
+		nc, kv, err := nf.connect(cmd.Context())
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		key := agent.DesiredKey(agentID)
+		e, err := kv.Get(cmd.Context(), key)
+		if err != nil {
+			return fmt.Errorf("agent %s: no desired state at %s: %w", agentID, key, err)
+		}
+		m, signer, verr := runtime.ReadStoredManifest(e.Value)
+		var forged *runtime.ForgedManifestError
+		if verr != nil && !errors.As(verr, &forged) {
+			return fmt.Errorf("%s revision %d: %w", key, e.Revision, verr)
+		}
+		if asJSON {
+			enc := json.NewEncoder(stdout)
+			enc.SetIndent("", "  ")
+			if err := enc.Encode(struct {
+				Key      string         `json:"key"`
+				Revision uint64         `json:"revision"`
+				Signer   string         `json:"signer,omitempty"`
+				Verified bool           `json:"verified"`
+				Manifest agent.Manifest `json:"manifest"`
+			}{key, e.Revision, signer, signer != "" && verr == nil, m}); err != nil {
+				return err
+			}
+		} else {
+			by := "unsigned"
+			switch {
+			case verr != nil:
+				by = "claims to be signed by " + signer + ", but the signature does NOT verify: forged or damaged"
+			case signer != "":
+				by = "signed by " + signer + " (the signature verifies)"
+			}
+			fmt.Fprintf(stdout, "# %s revision %d, generation %d: %s\n", key, e.Revision, m.Generation, by)
+			b, err := yaml.Marshal(m)
+			if err != nil {
+				return err
+			}
+			if _, err := stdout.Write(b); err != nil {
+				return err
+			}
+		}
+		if verr != nil {
+			return fmt.Errorf("%s revision %d: %w", key, e.Revision, verr)
+		}
+		return nil
+	}
+	return cmd
 }
 
 func newPingCmd(stdout io.Writer) *cobra.Command {

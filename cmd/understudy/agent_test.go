@@ -1,14 +1,21 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+
 	"understudy/actors/agent"
+	"understudy/runtime"
 )
 
 // The fleet commands against a node that runs an agent (the node file's
@@ -160,4 +167,112 @@ replication: {password_file: ` + filepath.Join(dir, "missing.pass") + `}
 		t.Fatalf("delete: exit %d\n%s\n%s", code, stdout, stderr)
 	}
 	status("pg-x gone", func(_ agent.ResourceStatus, found bool) bool { return !found })
+}
+
+// apply --sign-key writes a manifest an agent with security.manifest_keys
+// runs; without a key apply warns, and that agent refuses the unsigned
+// manifest (get status says why); get manifest shows who signed what is
+// stored. $UNDERSTUDY_SIGN_KEY works as --sign-key. (Not parallel: it
+// sets the environment.)
+func TestApplySignKey(t *testing.T) {
+	dir := t.TempDir()
+	logger := runtime.NewLogger(os.Stderr, 8, runtime.LogText)
+	es, err := runtime.StartEmbedded(runtime.EmbeddedConfig{DataDir: filepath.Join(dir, "nats"), Host: "127.0.0.1", Port: -1}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer es.Shutdown()
+	nc, err := nats.Connect(es.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	names := runtime.DefaultConfig().Assets
+	if _, err := runtime.Provision(ctx, js, runtime.DefaultAssets(names, 1), logger); err != nil {
+		t.Fatal(err)
+	}
+	kp, err := nkeys.CreateOperator()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, _ := kp.Seed()
+	pub, _ := kp.PublicKey()
+	keyFile := writeTestFile(t, dir, "manifest.nk", string(seed)+"\n")
+	a, err := runtime.StartAgent(ctx, nc, names.FleetBucket, names.EventsStream, runtime.AgentConfig{ID: "n1", ManifestKeys: []string{pub},
+		StateDir: filepath.Join(dir, "agent"), ObserveInterval: 200 * time.Millisecond}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Stop()
+	url := es.ClientURL()
+	motd := filepath.Join(dir, "motd")
+	manifest := writeTestFile(t, dir, "m.yaml", "agent: n1\nresources:\n  - id: motd\n    kind: file\n    spec: {path: "+motd+", content: \"hello\\n\"}\n")
+	status := func(what string, ok func(agent.Status) bool) agent.Status {
+		t.Helper()
+		var s agent.Status
+		for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			code, stdout, _ := runBinary(t, 10*time.Second, "get", "status", "--nats-url", url, "--agent", "n1", "--json")
+			if code == exitOK && json.Unmarshal([]byte(stdout), &s) == nil && ok(s) {
+				return s
+			}
+		}
+		t.Fatalf("status never %s: %+v", what, s)
+		return s
+	}
+
+	code, stdout, stderr := runBinary(t, 10*time.Second, "apply", "--nats-url", url, "-f", manifest)
+	if code != exitOK || !strings.Contains(stdout, "unsigned") || !strings.Contains(stderr, "warning: writing an unsigned manifest") || !strings.Contains(stderr, "security.manifest_keys") {
+		t.Fatalf("unsigned apply: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	status("refusing the unsigned manifest", func(s agent.Status) bool {
+		return s.RefusedManifest != nil && s.RefusedManifest.Reason == agent.RefusedUnsigned
+	})
+	if code, stdout, _ = runBinary(t, 10*time.Second, "get", "status", "--nats-url", url, "--agent", "n1"); code != exitOK ||
+		!strings.Contains(stdout, "refused desired-state.n1 revision") || !strings.Contains(stdout, "(Unsigned)") || !strings.Contains(stdout, "condition ManifestTrusted=false Unsigned") {
+		t.Errorf("status text:\n%s", stdout)
+	}
+	if _, err := os.Stat(motd); !os.IsNotExist(err) {
+		t.Fatalf("the unsigned manifest ran: %v", err)
+	}
+
+	code, stdout, stderr = runBinary(t, 10*time.Second, "apply", "--nats-url", url, "-f", manifest, "--sign-key", keyFile)
+	// Over an unsigned manifest, the generation is the key's revision + 1:
+	// a generation nobody signed is not continued.
+	var gen uint64
+	if _, err := fmt.Sscanf(stdout, "applied manifest generation %d for agent n1", &gen); err != nil || code != exitOK || gen < 2 ||
+		!strings.Contains(stdout, "signed by "+pub) || strings.Contains(stderr, "warning") {
+		t.Fatalf("signed apply: exit %d %v\n%s\n%s", code, err, stdout, stderr)
+	}
+	s := status("converged on the signed manifest", func(s agent.Status) bool { return s.ManifestGeneration == gen && s.Converged() })
+	if s.ManifestSigner != pub || s.RefusedManifest != nil {
+		t.Errorf("status: %+v", s)
+	}
+	if b, err := os.ReadFile(motd); err != nil || string(b) != "hello\n" {
+		t.Errorf("motd %q %v", b, err)
+	}
+	code, stdout, _ = runBinary(t, 10*time.Second, "get", "manifest", "--nats-url", url, "--agent", "n1")
+	if code != exitOK || !strings.Contains(stdout, fmt.Sprintf("generation %d: signed by %s (the signature verifies)", gen, pub)) || !strings.Contains(stdout, "content: |") {
+		t.Errorf("get manifest: exit %d\n%s", code, stdout)
+	}
+
+	// $UNDERSTUDY_SIGN_KEY, and a key that is not a manifest key.
+	t.Setenv("UNDERSTUDY_SIGN_KEY", keyFile)
+	if code, stdout, stderr = runBinary(t, 10*time.Second, "apply", "--nats-url", url, "-f", manifest); code != exitOK || !strings.Contains(stdout, fmt.Sprintf("generation %d", gen+1)) || !strings.Contains(stdout, "signed by "+pub) {
+		t.Errorf("apply with $UNDERSTUDY_SIGN_KEY: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	user, _ := nkeys.CreateUser()
+	useed, _ := user.Seed()
+	t.Setenv("UNDERSTUDY_SIGN_KEY", writeTestFile(t, dir, "user.nk", string(useed)))
+	if code, _, stderr = runBinary(t, 10*time.Second, "apply", "--nats-url", url, "-f", manifest); code != exitUsage || !strings.Contains(stderr, "$UNDERSTUDY_SIGN_KEY") || !strings.Contains(stderr, "not an operator seed") {
+		t.Errorf("a user seed: exit %d %s", code, stderr)
+	}
+	if code, _, stderr = runBinary(t, 10*time.Second, "apply", "--nats-url", url, "-f", manifest, "--sign-key", filepath.Join(dir, "none")); code != exitUsage || !strings.Contains(stderr, "--sign-key") {
+		t.Errorf("a missing key file: exit %d %s", code, stderr)
+	}
 }
