@@ -571,10 +571,15 @@ func (a *agentActor) refuse(c *actor.Context, mm manifestMsg, reason agent.Refus
 			a.logger.Error("agent: manifest refused; the resources keep their last spec", "revision", mm.rev, "generation", mm.m.Generation, "err", err)
 		}
 	}
-	if untrusted {
+	switch {
+	case untrusted:
 		a.condition("ManifestTrusted", false, string(reason), msg)
-	} else {
+	default:
 		a.condition("ManifestValid", false, string(reason), msg)
+		if len(a.cfg.ManifestKeys) > 0 && mm.signer != "" {
+			// Its signature verified; what it says is refused.
+			a.condition("ManifestTrusted", true, "Verified", fmt.Sprintf("%s revision %d signed by %s", key, mm.rev, mm.signer))
+		}
 	}
 	r := &agent.ManifestRefusal{Revision: mm.rev, Reason: reason, Signer: mm.signer, Generation: mm.m.Generation, Message: msg, Since: time.Now().UTC()}
 	if old := a.status.RefusedManifest; old != nil && old.Revision == r.Revision && old.Reason == r.Reason {
@@ -1178,7 +1183,7 @@ func ApplyManifest(ctx context.Context, kv events.KV, m agent.Manifest, reg reso
 	cur, err := kv.Get(ctx, key)
 	switch {
 	case errors.Is(err, events.ErrNotFound):
-		m.Generation = firstGeneration(ctx, kv, m.Agent)
+		m.Generation = aboveReported(ctx, kv, m.Agent, 1)
 		b, err := w.encode(m)
 		if err != nil {
 			return m, 0, err
@@ -1212,6 +1217,7 @@ func ApplyManifest(ctx context.Context, kv events.KV, m agent.Manifest, reg reso
 			m.Generation = next
 		}
 	}
+	m.Generation = aboveReported(ctx, kv, m.Agent, m.Generation)
 	b, err := w.encode(m)
 	if err != nil {
 		return m, 0, err
@@ -1220,20 +1226,21 @@ func ApplyManifest(ctx context.Context, kv events.KV, m agent.Manifest, reg reso
 	return m, rev, err
 }
 
-// firstGeneration is the generation of a manifest written where none is
-// stored: above the one the agent reports running, so that a key
-// deleted and written again is not refused as a replay by an agent that
-// verifies signatures.
-func firstGeneration(ctx context.Context, kv events.KV, agentID string) uint64 {
+// aboveReported is gen, or more: above the generation the agent reports
+// running, so that an agent that refuses replays (ManifestKeys) never
+// refuses a new write as one — after desired-state.<agent> was deleted
+// and written again, say. The status is only read, never trusted beyond
+// raising the number.
+func aboveReported(ctx context.Context, kv events.KV, agentID string, gen uint64) uint64 {
 	e, err := kv.Get(ctx, agent.ActualKey(agentID))
 	if err != nil {
-		return 1
+		return gen
 	}
 	s, err := agent.DecodeStatus(e.Value)
 	if err != nil || s.ManifestGeneration+1 == 0 {
-		return 1
+		return gen
 	}
-	return s.ManifestGeneration + 1
+	return max(gen, s.ManifestGeneration+1)
 }
 
 // resourceIDs lists rs's ids.

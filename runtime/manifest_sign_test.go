@@ -319,8 +319,31 @@ func TestApplyManifestAfterTheKeyWasDeleted(t *testing.T) {
 	if _, err := kv.Put(ctx, agent.ActualKey("n1"), st); err != nil {
 		t.Fatal(err)
 	}
-	m, _, err := ApplyManifest(ctx, kv, agent.Manifest{Agent: "n1"}, AgentRegistry(AgentConfig{}, resources.NewProcess()), ManifestWriter{})
+	reg := AgentRegistry(AgentConfig{}, resources.NewProcess())
+	m, _, err := ApplyManifest(ctx, kv, agent.Manifest{Agent: "n1"}, reg, ManifestWriter{})
 	if err != nil || m.Generation != 42 {
 		t.Fatalf("generation %d %v", m.Generation, err)
+	}
+	// A stored generation below the reported one (written before the
+	// status could be read): the next write is above both.
+	low, err := agent.EncodeManifest(agent.Manifest{Agent: "n1", Generation: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, agent.DesiredKey("n1"), low); err != nil {
+		t.Fatal(err)
+	}
+	if m, _, err = ApplyManifest(ctx, kv, agent.Manifest{Agent: "n1"}, reg, ManifestWriter{}); err != nil || m.Generation != 42 {
+		t.Fatalf("over a low generation: %d %v", m.Generation, err)
+	}
+	pm, err := ParsePairManifest(pairDoc(func(d map[string]any) { d["sites"] = map[string]any{"site-a": map[string]any{"address": "10.0.1.10", "agent": "n1"}, "site-b": "10.0.2.10"} }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, agent.DesiredKey("n1"), low); err != nil {
+		t.Fatal(err)
+	}
+	if done, err := ApplyPair(ctx, kv, pm, ManifestWriter{}); err != nil || done[0].Generation != 42 {
+		t.Fatalf("a pair over a low generation: %+v %v", done, err)
 	}
 }

@@ -602,12 +602,13 @@ func editManifest(ctx context.Context, kv events.KV, ag string, w ManifestWriter
 		}
 		switch next := old + 1; {
 		case rev == 0:
-			m.Generation = firstGeneration(ctx, kv, ag)
+			m.Generation = 1
 		case sd.vouched && next > old:
 			m.Generation = next
 		default: // a generation not vouched for: above the key's revision
 			m.Generation = rev + 1
 		}
+		m.Generation = aboveReported(ctx, kv, ag, m.Generation)
 		b, err := w.encode(m)
 		if err != nil {
 			return PairApplied{Agent: ag}, err
