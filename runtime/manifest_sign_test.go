@@ -336,7 +336,9 @@ func TestApplyManifestAfterTheKeyWasDeleted(t *testing.T) {
 	if m, _, err = ApplyManifest(ctx, kv, agent.Manifest{Agent: "n1"}, reg, ManifestWriter{}); err != nil || m.Generation != 42 {
 		t.Fatalf("over a low generation: %d %v", m.Generation, err)
 	}
-	pm, err := ParsePairManifest(pairDoc(func(d map[string]any) { d["sites"] = map[string]any{"site-a": map[string]any{"address": "10.0.1.10", "agent": "n1"}, "site-b": "10.0.2.10"} }))
+	pm, err := ParsePairManifest(pairDoc(func(d map[string]any) {
+		d["sites"] = map[string]any{"site-a": map[string]any{"address": "10.0.1.10", "agent": "n1"}, "site-b": "10.0.2.10"}
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
