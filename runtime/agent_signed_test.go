@@ -101,7 +101,6 @@ func TestAgentRunsOnlySignedManifests(t *testing.T) {
 	if s.ManifestSigner != key.Public() || s.RefusedManifest != nil {
 		t.Errorf("accepted: signer %q refused %+v", s.ManifestSigner, s.RefusedManifest)
 	}
-	accepted := m.Generation
 	e, err := w.fleet.Get(ctx, agent.DesiredKey("sig1"))
 	if err != nil {
 		t.Fatal(err)
@@ -115,7 +114,7 @@ func TestAgentRunsOnlySignedManifests(t *testing.T) {
 		b, _ := os.ReadFile(path)
 		return s.ManifestGeneration == m.Generation && s.Converged() && string(b) == "signed again\n"
 	})
-	accepted = m.Generation
+	accepted := m.Generation
 
 	// A forged one later: refused; the accepted one keeps converging.
 	forged := reenvelope(t, signedFor(t, key, motd("evil\n")), func(s *agent.SignedManifest) {
