@@ -455,7 +455,8 @@ func (d *deployer) node(n DeployNode, sec *SecuritySection) error {
 		Security: sec,
 	}
 	if len(d.spec.Nodes) > 1 {
-		cl := &ClusterSection{Name: d.spec.Cluster, Listen: net.JoinHostPort(listenHost(n.Host), strconv.Itoa(n.ClusterPort)), TLS: serverTLS}
+		// The routes' TLS is left out: it defaults to nats.server.tls.
+		cl := &ClusterSection{Name: d.spec.Cluster, Listen: net.JoinHostPort(listenHost(n.Host), strconv.Itoa(n.ClusterPort))}
 		for _, o := range d.spec.Nodes {
 			if o.Name != n.Name {
 				cl.Routes = append(cl.Routes, "tls://"+net.JoinHostPort(o.Host, strconv.Itoa(o.ClusterPort)))

@@ -116,7 +116,7 @@ func TestDeployThreeSites(t *testing.T) {
 			t.Errorf("%s: node %q server %q nkey %q", n.Name, c.Node, c.NATS.Server.Name, c.NATS.NKey)
 		}
 		cl := c.NATS.Server.Cluster
-		if cl == nil || cl.Name != DefaultDeployCluster || len(cl.Routes) != 2 || cl.TLS != c.NATS.Server.TLS || cl.TLS.CA == "" {
+		if cl == nil || cl.Name != DefaultDeployCluster || len(cl.Routes) != 2 || cl.TLS != (ServerTLS{}) || c.NATS.Server.TLS.CA == "" {
 			t.Errorf("%s: cluster %+v", n.Name, cl)
 		}
 		if c.DataDir != filepath.Join(n.Dir, "data") {
