@@ -339,7 +339,6 @@ type deployer struct {
 	caCert *x509.Certificate
 	caKey  *ecdsa.PrivateKey
 	caPEM  []byte
-	serial int64
 }
 
 func newDeployer(spec DeploySpec) (*deployer, error) {
