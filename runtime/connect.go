@@ -161,7 +161,7 @@ func Connect(ctx context.Context, o ConnectOptions, log *slog.Logger) (*nats.Con
 			log.Warn("nats asynchronous error", "subject", subject, "error", err)
 		}),
 	}
-	auth, err := authOptions(o)
+	auth, err := AuthOptions(o)
 	if err != nil {
 		return nil, err
 	}
@@ -199,8 +199,11 @@ func Connect(ctx context.Context, o ConnectOptions, log *slog.Logger) (*nats.Con
 	}
 }
 
-// authOptions are the credentials and TLS options of o.
-func authOptions(o ConnectOptions) ([]nats.Option, error) {
+// AuthOptions are o's credentials, TLS and, with an nkey, the inbox
+// prefix of its identity (see [InboxPrefix]): what a client connecting
+// with nats.Connect rather than [Connect] (the CLI) needs to pass the
+// embedded server's security.
+func AuthOptions(o ConnectOptions) ([]nats.Option, error) {
 	var opts []nats.Option
 	if o.User != "" {
 		opts = append(opts, nats.UserInfo(o.User, o.Password))
@@ -209,11 +212,17 @@ func authOptions(o ConnectOptions) ([]nats.Option, error) {
 		opts = append(opts, nats.UserCredentials(o.Creds))
 	}
 	if o.NKey != "" {
+		kp, err := LoadUserKey(o.NKey)
+		if err != nil {
+			return nil, fmt.Errorf("runtime: nats nkey %s: %w", o.NKey, err)
+		}
+		pub, _ := kp.PublicKey()
+		kp.Wipe()
 		opt, err := nats.NkeyOptionFromSeed(o.NKey)
 		if err != nil {
 			return nil, fmt.Errorf("runtime: nats nkey %s: %w", o.NKey, err)
 		}
-		opts = append(opts, opt)
+		opts = append(opts, opt, nats.CustomInboxPrefix(InboxPrefix(pub)))
 	}
 	if o.TLS != nil {
 		opts = append(opts, nats.Secure(o.TLS))
@@ -303,7 +312,7 @@ func newHomeward(o ConnectOptions, deadAfter time.Duration, dialer nats.CustomDi
 		nats.NoReconnect(),
 		nats.IgnoreDiscoveredServers(),
 	}
-	auth, err := authOptions(o)
+	auth, err := AuthOptions(o)
 	if err != nil {
 		return &homeward{log: log, probe: h.probe, done: h.done} // Connect reports err
 	}

@@ -59,6 +59,14 @@ type EmbeddedCluster struct {
 	TLS *tls.Config
 }
 
+// A cluster member's shutdown: the clients still connected once the
+// leaderships are handed over are closed within lameDuckDuration, after
+// lameDuckGrace.
+const (
+	lameDuckDuration = 2 * time.Second
+	lameDuckGrace    = 500 * time.Millisecond
+)
+
 // tlsTimeout bounds a TLS handshake, client or route: cross-site links
 // need more than nats-server's default half second.
 const tlsTimeout = 2 // seconds
@@ -184,6 +192,9 @@ func StartEmbedded(cfg EmbeddedConfig, log *slog.Logger) (*EmbeddedNATS, error) 
 			NoAdvertise: true,
 		}
 		opts.Routes = cl.Routes
+		// Shutdown hands the raft leaderships over first (lame duck mode),
+		// then closes the clients left within these bounds.
+		opts.LameDuckDuration, opts.LameDuckGracePeriod = lameDuckDuration, lameDuckGrace
 	}
 	srv, err := server.NewServer(opts)
 	if err != nil {
@@ -223,6 +234,25 @@ func StartEmbedded(cfg EmbeddedConfig, log *slog.Logger) (*EmbeddedNATS, error) 
 	return e, nil
 }
 
+// WaitJetStream waits until a cluster member's JetStream has a meta leader
+// and this server is current with it (until then its JetStream API calls
+// go unanswered), or until ctx is done. A single server is ready at once.
+func (e *EmbeddedNATS) WaitJetStream(ctx context.Context) error {
+	if !e.srv.JetStreamIsClustered() {
+		return nil
+	}
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for !e.srv.JetStreamIsCurrent() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
 // ClientURL is the URL clients connect to (the real port when -1 was asked).
 func (e *EmbeddedNATS) ClientURL() string {
 	return e.srv.ClientURL()
@@ -252,11 +282,19 @@ func (e *EmbeddedNATS) Server() *server.Server {
 }
 
 // Shutdown stops the server and waits until it has stopped. Safe to call
-// more than once.
+// more than once. A cluster member first hands over the leadership of the
+// raft groups it leads (JetStream's meta group, the streams) and waits a
+// second for the transfers: a server that just vanishes leaves its groups
+// without a leader until an election, 4 to 9 seconds later, during which
+// the register cannot be written.
 func (e *EmbeddedNATS) Shutdown() {
 	e.once.Do(func() {
 		close(e.stop)
 		<-e.done
+		if e.srv.JetStreamIsClustered() {
+			e.log.Info("handing over the JetStream leaderships before stopping (lame duck mode)")
+			e.srv.LameDuckShutdown()
+		}
 		e.srv.Shutdown()
 		e.srv.WaitForShutdown()
 		e.log.Info("embedded nats stopped")

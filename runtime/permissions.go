@@ -26,14 +26,13 @@ import (
 //
 // Nobody may delete a stream or purge or delete its messages through the
 // JetStream API. names gives the assets' names (its Replicas is unused).
-// The result is new; it keeps nothing of sec.
+// The result is new; it keeps nothing of sec. Every identity must connect
+// with its inbox prefix (InboxPrefix; AuthOptions sets it).
 //
 // NATS permissions are per subject: an identity allowed to write a key may
 // also write a delete or purge marker on it, and a leader value of a pair
 // it hosts may claim any site of it, which is why register values are
-// signed. A JetStream consumer's delivery subject is not checked against
-// its creator's permissions, so consumers are limited to pull consumers
-// (see readSet).
+// signed.
 func Permissions(sec *SecuritySection, names AssetsConfig) []*server.NkeyUser {
 	if sec == nil {
 		return nil
@@ -44,10 +43,10 @@ func Permissions(sec *SecuritySection, names AssetsConfig) []*server.NkeyUser {
 		users = append(users, &server.NkeyUser{Nkey: sec.Nodes[node].NKey, Permissions: a.node(node, sec.Nodes[node])})
 	}
 	for _, k := range sec.Operators {
-		users = append(users, &server.NkeyUser{Nkey: k, Permissions: a.operator()})
+		users = append(users, &server.NkeyUser{Nkey: k, Permissions: a.operator(k)})
 	}
 	for _, k := range sec.Readers {
-		users = append(users, &server.NkeyUser{Nkey: k, Permissions: a.reader()})
+		users = append(users, &server.NkeyUser{Nkey: k, Permissions: a.reader(k)})
 	}
 	return users
 }
@@ -98,11 +97,12 @@ var deniedToAll = []string{
 // account info, stream info, direct and message gets, and consumers on
 // the three streams (KV watches are push consumers with flow control).
 //
-// Consumers are created through the JetStream API, whose request body
-// names the delivery subject; NATS does not check it against the
-// creator's permissions, and a push consumer of one stream delivering on
-// another stream's subjects copies messages into it. So only the deliver
-// subjects under _INBOX are... (see the comment on Permissions).
+// A consumer's deliver subject is in the body of its create request, out
+// of reach of permissions: NATS delivers to any subject its creator names.
+// It delivers only to literal subscriptions, though, so the streams (whose
+// subjects are wildcards) and the agents' commands are out of reach; the
+// inboxes, literal, are each identity's own (InboxPrefix), which no other
+// identity can subscribe to and so learn.
 func (a permAssets) readSet() []string {
 	pub := []string{"$JS.API.INFO"}
 	for _, st := range a.streams {
@@ -122,25 +122,32 @@ func (a permAssets) readSet() []string {
 	return pub
 }
 
-// inboxes are where replies and consumer deliveries arrive.
-var inboxes = []string{"_INBOX.>"}
+// InboxPrefix is the inbox prefix of the identity whose public nkey is
+// pub: its replies and its consumers' deliveries arrive under it, and
+// nobody else may subscribe there. Another identity that could would
+// learn the deliver subjects of its KV watches and could have a consumer
+// of its own deliver stale values to them. [AuthOptions] sets it.
+func InboxPrefix(pub string) string { return "_INBOX." + pub }
 
-func (a permAssets) reader() *server.Permissions {
+// inboxes is what the identity pub may subscribe to: its own inboxes.
+func inboxes(pub string) []string { return []string{InboxPrefix(pub) + ".>"} }
+
+func (a permAssets) reader(key string) *server.Permissions {
 	return &server.Permissions{
 		Publish:   &server.SubjectPermission{Allow: a.readSet(), Deny: deniedToAll},
-		Subscribe: &server.SubjectPermission{Allow: inboxes},
+		Subscribe: &server.SubjectPermission{Allow: inboxes(key)},
 	}
 }
 
-func (a permAssets) operator() *server.Permissions {
+func (a permAssets) operator(key string) *server.Permissions {
 	pub := a.readSet()
-	for _, key := range []string{failover.ConfigKey("*"), failover.SwitchoverKey("*"), failover.PauseKey("*"), failover.ManualFailoverKey("*")} {
-		pub = append(pub, a.failover+key)
+	for _, k := range []string{failover.ConfigKey("*"), failover.SwitchoverKey("*"), failover.PauseKey("*"), failover.ManualFailoverKey("*")} {
+		pub = append(pub, a.failover+k)
 	}
 	pub = append(pub, a.fleet+agent.DesiredKey("*"), agent.CommandSubject("*", "*"))
 	return &server.Permissions{
 		Publish:   &server.SubjectPermission{Allow: pub, Deny: deniedToAll},
-		Subscribe: &server.SubjectPermission{Allow: inboxes},
+		Subscribe: &server.SubjectPermission{Allow: inboxes(key)},
 	}
 }
 
@@ -167,7 +174,7 @@ func (a permAssets) node(name string, id NodeIdentity) *server.Permissions {
 				failover.Subject(p, s), failover.HostSubject(p, s), procedure.Subject(p+"."+s))
 		}
 	}
-	sub := slices.Clone(inboxes)
+	sub := inboxes(id.NKey)
 	var resp *server.ResponsePermission
 	if ag := id.Agent; ag != "-" {
 		if ag == "" {

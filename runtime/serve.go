@@ -152,6 +152,14 @@ func (n *node) run(ctx context.Context) error {
 		return fmt.Errorf("runtime: jetstream: %w", err)
 	}
 
+	if n.embedded != nil && s.server.cluster != nil {
+		// Provisioning before the cluster has a meta leader only times out.
+		n.log.Info("waiting for the NATS cluster: JetStream needs a meta leader, elected by a majority of the servers", "routes", len(s.server.cluster.routes))
+		if err := n.embedded.WaitJetStream(ctx); err != nil {
+			return nil // ctx is done
+		}
+		n.log.Info("jetstream cluster has a meta leader", "peers", len(n.embedded.Server().JetStreamClusterPeers()))
+	}
 	assets := DefaultAssets(names, s.replicas)
 	if err := n.provision(ctx, js, assets); err != nil {
 		if ctx.Err() != nil {
