@@ -27,7 +27,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
+	"understudy/actors/agent"
 	"understudy/actors/failover"
+	"understudy/actors/resources"
 	"understudy/events"
 )
 
@@ -41,6 +43,8 @@ type testDeployment struct {
 	sec   *SecuritySection
 	names AssetsConfig
 	ids   map[string]*testIdentity // by node name, "operator", "reader", "stranger"
+	// manifestKey signs manifests (security.manifest_keys).
+	manifestKey *ManifestKey
 
 	caCert *x509.Certificate
 	caKey  *ecdsa.PrivateKey
@@ -87,8 +91,11 @@ func newTestDeployment(t *testing.T, nodes map[string]NodeIdentity) *testDeploym
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, _ := mk.PublicKey()
-	d.sec.ManifestKeys = []string{pub}
+	mseed, _ := mk.Seed()
+	if d.manifestKey, err = ParseManifestKey(mseed); err != nil {
+		t.Fatal(err)
+	}
+	d.sec.ManifestKeys = []string{d.manifestKey.Public()}
 	return d
 }
 
@@ -375,6 +382,10 @@ func startSecuredCluster(t *testing.T) *securedCluster {
 		if name != "w" {
 			c.Pairs = []PairMember{{PairFile: pf, Procedures: recordedProcedures()}}
 		}
+		if name == "b" {
+			c.Agent = &AgentSection{ID: "b", ObserveInterval: "200ms"}
+			c.Libvirt.Driver = "/bin/true" // any executable: no libvirt resource runs
+		}
 	})
 	sc := &securedCluster{d: d, sites: sites, pair: pair}
 	for _, s := range sites {
@@ -501,13 +512,23 @@ func TestSecuredCluster(t *testing.T) {
 		waitKey(t, fkv, failover.HeartbeatKey(sc.pair, "a"), 10*time.Second)
 		waitKey(t, fkv, failover.HeartbeatKey(sc.pair, "b"), 10*time.Second)
 		waitKey(t, fkv, failover.ConfigKey(sc.pair), 10*time.Second)
+		fleet := reader.kv(t, names.FleetBucket)
+		waitKey(t, fleet, agent.PresenceKey("b"), 10*time.Second)
+		waitKey(t, fleet, agent.ActualKey("b"), 10*time.Second)
 		events, err := reader.js.Stream(ctx, names.EventsStream)
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The leader's member recorded its promotion.
-		if _, err := events.GetLastMsgForSubject(ctx, failover.Subject(sc.pair, "a")); err != nil {
-			t.Errorf("no event on %s: %v", failover.Subject(sc.pair, "a"), err)
+		// The members record their transitions.
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			_, erra := events.GetLastMsgForSubject(ctx, failover.Subject(sc.pair, "a"))
+			_, errb := events.GetLastMsgForSubject(ctx, failover.Subject(sc.pair, "b"))
+			if erra == nil || errb == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no event of pg's members after 10s: %v, %v", erra, errb)
+			}
 		}
 		time.Sleep(500 * time.Millisecond) // a few heartbeats more
 		for _, s := range sc.sites {
@@ -546,6 +567,30 @@ func TestSecuredCluster(t *testing.T) {
 		}
 		if m, err := op.nc.Request("device-commands.a.ping", nil, 5*time.Second); err != nil || string(m.Data) != "pong" {
 			t.Errorf("operator's device command: %v", err)
+		}
+		// The node's agent answers the operator's command, and runs the
+		// manifest the operator signed and stored.
+		if _, err := op.nc.Request(agent.CommandSubject("b", "ping"), nil, 5*time.Second); err != nil {
+			t.Errorf("agent b's ping: %v", err)
+		}
+		opFleet, err := events.NewJetStreamKV(ctx, op.js, names.FleetBucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, _, err := ApplyManifest(ctx, opFleet, agent.Manifest{Agent: "b"}, AgentRegistry(AgentConfig{}, resources.NewProcess()), ManifestWriter{Key: d.manifestKey})
+		if err != nil {
+			t.Fatalf("operator applies b's manifest: %v", err)
+		}
+		fleet := reader.kv(t, names.FleetBucket)
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			e := waitKey(t, fleet, agent.ActualKey("b"), time.Second)
+			st, err := agent.DecodeStatus(e.Value())
+			if err == nil && st.ObservedGeneration == m.Generation && st.ManifestSigner == d.manifestKey.Public() {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("agent b's status 10s after the apply: %+v %v; want generation %d observed, signed by the manifest key", st, err, m.Generation)
+			}
 		}
 
 		// Reading, as the reader and the operator: get, history, keys,
@@ -611,6 +656,11 @@ func TestSecuredCluster(t *testing.T) {
 		}
 		for _, c := range []*testClient{reader, op, node} {
 			c.noViolations(t)
+		}
+		for _, s := range sc.sites {
+			for _, v := range violationsLogged(s.serving.rec) {
+				t.Errorf("%s: %s", s.name, v)
+			}
 		}
 	})
 
