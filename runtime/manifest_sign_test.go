@@ -349,3 +349,59 @@ func TestApplyManifestAfterTheKeyWasDeleted(t *testing.T) {
 		t.Fatalf("a pair over a low generation: %+v %v", done, err)
 	}
 }
+
+// The node file's security.manifest_keys reach the agent; a secured node
+// with an agent must list at least one.
+func TestAgentManifestKeysFromTheNodeFile(t *testing.T) {
+	key, _ := newManifestKey(t)
+	user, _ := nkeys.CreateUser()
+	seed, _ := user.Seed()
+	upub, _ := user.PublicKey()
+	seedFile := filepath.Join(t.TempDir(), "nats.nkey")
+	if err := os.WriteFile(seedFile, seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := DefaultConfig()
+	c.Node = "n1"
+	c.DataDir = t.TempDir()
+	c.Agent = &AgentSection{}
+	c.Libvirt.Driver = "/bin/true" // any executable: the agent needs one at load
+	c.NATS.NKey = seedFile
+	c.Security = &SecuritySection{Nodes: map[string]NodeIdentity{"n1": {NKey: upub}}}
+	hasField := func(err error, field string) bool {
+		for _, e := range flattenErrors(err) {
+			var ce *ConfigError
+			if errors.As(e, &ce) && ce.Field == field {
+				return true
+			}
+		}
+		return false
+	}
+	if _, err := c.resolve(); !hasField(err, "security.manifest_keys") {
+		t.Errorf("no manifest keys: %v", err)
+	}
+	c.Security.ManifestKeys = []string{key.Public()}
+	s, err := c.resolve()
+	if hasField(err, "security.manifest_keys") || s.agent == nil || len(s.agent.ManifestKeys) != 1 || s.agent.ManifestKeys[0] != key.Public() {
+		t.Errorf("with a key: %+v %v", s.agent, err)
+	}
+	c.Security = nil
+	if s, _ := c.resolve(); s.agent == nil || s.agent.ManifestKeys != nil {
+		t.Errorf("no security section: %+v", s.agent)
+	}
+}
+
+// flattenErrors unwraps errors.Join.
+func flattenErrors(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, flattenErrors(e)...)
+		}
+		return out
+	}
+	if err == nil {
+		return nil
+	}
+	return []error{err}
+}
