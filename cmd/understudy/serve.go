@@ -24,6 +24,7 @@ var flagOf = map[string]string{
 	"nats.user":            "nats-user",
 	"nats.password":        "nats-password",
 	"nats.creds":           "nats-creds",
+	"nats.nkey":            "nats-nkey",
 	"nats.tls.ca":          "nats-tls-ca",
 	"nats.tls.cert":        "nats-tls-cert",
 	"nats.tls.key":         "nats-tls-key",
@@ -42,6 +43,7 @@ var envOf = map[string]string{
 	"nats-user":     "UNDERSTUDY_NATS_USER",
 	"nats-password": "UNDERSTUDY_NATS_PASSWORD",
 	"nats-creds":    "UNDERSTUDY_NATS_CREDS",
+	"nats-nkey":     "UNDERSTUDY_NATS_NKEY",
 }
 
 // overrideFromFlag copies a flag's value from the flag-bound config onto the
@@ -53,6 +55,7 @@ var overrideFromFlag = map[string]func(dst, src *runtime.Config){
 	"nats-user":            func(d, s *runtime.Config) { d.NATS.User = s.NATS.User },
 	"nats-password":        func(d, s *runtime.Config) { d.NATS.Password = s.NATS.Password },
 	"nats-creds":           func(d, s *runtime.Config) { d.NATS.Creds = s.NATS.Creds },
+	"nats-nkey":            func(d, s *runtime.Config) { d.NATS.NKey = s.NATS.NKey },
 	"nats-tls-ca":          func(d, s *runtime.Config) { d.NATS.TLS.CA = s.NATS.TLS.CA },
 	"nats-tls-cert":        func(d, s *runtime.Config) { d.NATS.TLS.Cert = s.NATS.TLS.Cert },
 	"nats-tls-key":         func(d, s *runtime.Config) { d.NATS.TLS.Key = s.NATS.TLS.Key },
@@ -78,6 +81,13 @@ cluster instead, creating the JetStream assets with 3 replicas (--replicas),
 and retries until that NATS is reachable. Run those servers' JetStream with
 "sync_interval: always", as the embedded one is: the leadership register
 must not lose acknowledged writes.
+
+A node file's nats.server.cluster makes the embedded server one member of a
+NATS cluster with the other sites' (one understudy serve per site, three
+sites: the assets then have 3 replicas); a node with no pairs and no agent
+is a witness, holding only its replica. Off loopback the embedded server
+requires TLS (nats.server.tls) and the deployment's identities (security,
+with this node's --nats-nkey): understudy init writes them (docs/security.md).
 
 It serves /healthz and Prometheus /metrics on --http and logs "ready" once
 the assets are provisioned.
@@ -123,12 +133,13 @@ not given (keep secrets off the command line):
 	f.StringVar(&cfg.NATS.User, "nats-user", cfg.NATS.User, "user name for the external NATS")
 	f.StringVar(&cfg.NATS.Password, "nats-password", cfg.NATS.Password, "password for the external NATS (prefer $UNDERSTUDY_NATS_PASSWORD)")
 	f.StringVar(&cfg.NATS.Creds, "nats-creds", cfg.NATS.Creds, "credentials file (JWT and nkey seed) for the external NATS")
+	f.StringVar(&cfg.NATS.NKey, "nats-nkey", cfg.NATS.NKey, "file of this node's user nkey seed (SU...): its NATS identity, embedded or external (understudy init writes it)")
 	f.StringVar(&cfg.NATS.TLS.CA, "nats-tls-ca", cfg.NATS.TLS.CA, "PEM file of the CAs that sign the NATS servers' certificates")
 	f.StringVar(&cfg.NATS.TLS.Cert, "nats-tls-cert", cfg.NATS.TLS.Cert, "client certificate (PEM) for TLS to NATS, with --nats-tls-key")
 	f.StringVar(&cfg.NATS.TLS.Key, "nats-tls-key", cfg.NATS.TLS.Key, "client private key (PEM) for TLS to NATS, with --nats-tls-cert")
 	f.StringVar(&cfg.NATS.TLS.ServerName, "nats-tls-server-name", cfg.NATS.TLS.ServerName, "name expected in the NATS servers' certificates")
 	f.BoolVar(&cfg.NATS.TLS.Insecure, "nats-tls-insecure", cfg.NATS.TLS.Insecure, "do not verify the NATS servers' certificates (tests only)")
-	f.IntVar(&cfg.Assets.Replicas, "replicas", cfg.Assets.Replicas, fmt.Sprintf("replicas of the JetStream assets, 1..%d (0: 1 embedded, %d with --nats-url)", runtime.MaxReplicas, runtime.DefaultExternalReplicas))
+	f.IntVar(&cfg.Assets.Replicas, "replicas", cfg.Assets.Replicas, fmt.Sprintf("replicas of the JetStream assets, 1..%d (0: 1 with a single embedded server, %d in a cluster or with --nats-url)", runtime.MaxReplicas, runtime.DefaultExternalReplicas))
 	f.StringVar(&cfg.HTTP, "http", cfg.HTTP, "address of /healthz and /metrics (port 0: any free port)")
 	f.StringVar(&cfg.Log.Level, "log-level", cfg.Log.Level, "debug, info, warn or error")
 	f.StringVar(&cfg.Log.Format, "log-format", cfg.Log.Format, "text or json")
