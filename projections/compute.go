@@ -46,6 +46,8 @@ type computation struct {
 	// the one used last.
 	gapFrom, gapOver []int64
 	gapRule          int
+	// forgedWrites: register writes left out as no member's (dropForged).
+	forgedWrites int
 }
 
 type ruleChange struct {
@@ -77,6 +79,7 @@ func (c *computation) run() *Report {
 		c.reg = slices.Clone(c.reg)
 		slices.SortFunc(c.reg, func(a, b regWrite) int { return cmp.Compare(a.rev, b.rev) })
 	}
+	c.dropForged()
 	c.hbs = c.f.hbs.all()
 	if !slices.IsSortedFunc(c.hbs, func(a, b hbWrite) int { return cmp.Compare(a.rev, b.rev) }) {
 		c.hbs = slices.Clone(c.hbs)
@@ -1699,15 +1702,44 @@ func (c *computation) timeline() {
 	slices.SortStableFunc(c.r.Timeline, func(a, b TimelineEvent) int { return a.Time.Compare(b.Time) })
 }
 
+// dropForged leaves out of the register's history the values no member
+// wrote, as far as the record tells: those that name a holder and say
+// another site wrote them, and the revisions a member recorded as no
+// member's (failover.forged_value_ignored: its signature did not verify,
+// or its writer is not the holder). The members verified signatures; the
+// record cannot (it holds no keys), so a value forged unsigned that no
+// member saw stays in. Leadership never moved on any of them.
+func (c *computation) dropForged() {
+	forged := map[uint64]bool{}
+	for _, e := range c.evs {
+		if fv, ok := e.ev.(*failover.ForgedValueIgnored); ok && !e.proc {
+			forged[fv.Rev] = true
+		}
+	}
+	if len(forged) == 0 && !slices.ContainsFunc(c.reg, func(w regWrite) bool { return w.v.forAnother }) {
+		return
+	}
+	kept := make([]regWrite, 0, len(c.reg))
+	for _, w := range c.reg {
+		if forged[w.rev] || w.v.forAnother {
+			c.forgedWrites++
+			continue
+		}
+		kept = append(kept, w)
+	}
+	c.reg = kept
+}
+
 func (c *computation) records() {
 	f := c.f
 	c.r.Records = RecordsReport{
-		RecordCounts:  f.counts,
-		UnknownTypes:  maps.Clone(f.unknown),
-		UnknownList:   slices.Clone(f.unknownEx),
-		CorruptList:   slices.Clone(f.corrupt),
-		GapList:       slices.Clone(f.gaps),
-		TruncatedList: slices.Clone(f.truncated),
+		ForgedRegister: c.forgedWrites,
+		RecordCounts:   f.counts,
+		UnknownTypes:   maps.Clone(f.unknown),
+		UnknownList:    slices.Clone(f.unknownEx),
+		CorruptList:    slices.Clone(f.corrupt),
+		GapList:        slices.Clone(f.gaps),
+		TruncatedList:  slices.Clone(f.truncated),
 	}
 }
 

@@ -360,10 +360,13 @@ type TimelineEvent struct {
 // RecordsReport says what the fold read, and everything it could not use.
 type RecordsReport struct {
 	RecordCounts
-	UnknownTypes map[string]int `json:"unknown_types"`
-	UnknownList  []RecordRef    `json:"unknown_examples,omitempty"`
-	CorruptList  []Corrupt      `json:"corrupt_examples,omitempty"`
-	GapList      []Gap          `json:"gap_examples,omitempty"`
+	// ForgedRegister: register writes a member recorded as no member's
+	// (failover.forged_value_ignored), left out of the leadership history.
+	ForgedRegister int            `json:"forged_register_writes"`
+	UnknownTypes   map[string]int `json:"unknown_types"`
+	UnknownList    []RecordRef    `json:"unknown_examples,omitempty"`
+	CorruptList    []Corrupt      `json:"corrupt_examples,omitempty"`
+	GapList        []Gap          `json:"gap_examples,omitempty"`
 	// TruncatedList: subjects whose first record links to one before it:
 	// their history starts inside the record (a window, or retention: the
 	// KV bucket keeps 64 revisions per key).

@@ -19,6 +19,9 @@ type leaderValue struct {
 	site, handoff   int32 // site indexes; -1: none
 	term, beat      uint64
 	fenced, planned bool
+	// forAnother: it names a holder and says another site wrote it
+	// (failover.Leader.ForAnother): no member writes that.
+	forAnother bool
 }
 
 // decodeLeaderFast reads a register value; ok is false when the bytes are
@@ -29,9 +32,26 @@ func (f *Fold) decodeLeaderFast(b []byte) (v leaderValue, ok bool) {
 		return v, false
 	}
 	v.site, v.handoff = -1, -1
+	var by []byte
 	for range n {
 		var k, s []byte
-		if k, i, err = mp.Bytes(b, i); err != nil || len(k) != 1 {
+		if k, i, err = mp.Bytes(b, i); err != nil {
+			return v, false
+		}
+		switch string(k) { // no allocation: compared in place
+		case "by":
+			by, i, err = mp.Bytes(b, i)
+			if err != nil {
+				return v, false
+			}
+			continue
+		case "sg":
+			if _, i, err = mp.Bytes(b, i); err != nil {
+				return v, false
+			}
+			continue
+		}
+		if len(k) != 1 {
 			return v, false
 		}
 		switch k[0] {
@@ -56,6 +76,7 @@ func (f *Fold) decodeLeaderFast(b []byte) (v leaderValue, ok bool) {
 			return v, false
 		}
 	}
+	v.forAnother = len(by) > 0 && v.site >= 0 && f.sites[v.site] != string(by)
 	return v, i == len(b)
 }
 
@@ -68,7 +89,8 @@ func (f *Fold) decodeLeader(b []byte) (leaderValue, error) {
 	if err != nil {
 		return leaderValue{}, err
 	}
-	return leaderValue{site: f.siteIndex(l.Site), handoff: f.siteIndex(l.Handoff), term: l.Term, beat: l.Beat, fenced: l.Fenced, planned: l.Planned}, nil
+	return leaderValue{site: f.siteIndex(l.Site), handoff: f.siteIndex(l.Handoff), term: l.Term, beat: l.Beat, fenced: l.Fenced, planned: l.Planned,
+		forAnother: l.ForAnother()}, nil
 }
 
 // heartbeatValue is a member heartbeat.

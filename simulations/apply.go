@@ -222,7 +222,7 @@ func (s *sim) reloadRegister() {
 		return
 	}
 	s.top = regView{l: l, rev: e.Revision, ts: e.Time, known: true, forged: s.forged[e.Revision]}
-	if g := s.genuineBefore(e.Revision + 1); g != nil {
+	if g := s.genuineBefore(e.Revision+1, false); g != nil {
 		s.reg, s.regRev, s.regTime, s.regKnown = g.Value, g.Rev, g.Time, true
 	}
 	s.refreshViews()

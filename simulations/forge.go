@@ -50,6 +50,13 @@ func (s *sim) forgeWrite(i int) {
 		s.fanOut(rev, failover.HeartbeatObserved{Rev: rev, Time: ts, Site: f.Key, Value: hb})
 		return
 	}
+	if h := s.reg.Site; f.By != "" && ((f.Forge == ForgeHandoff && f.By == h) || (f.Forge == ForgeBeats && f.By == f.Site)) {
+		// With a site's own node key, its own values: what the holder may
+		// write itself (its release, its beats) nothing can tell from its
+		// own. A node whose key is stolen is that node.
+		s.tracef("forger", "forged %s signed by %s skipped: %s may write it itself", f.Forge, f.By, f.By)
+		return
+	}
 	var l failover.Leader
 	switch f.Forge {
 	case ForgeHandoff:
@@ -82,20 +89,21 @@ func (s *sim) forgeWrite(i int) {
 	s.fanOut(rev, failover.LeaderObserved{Entry: s.leaderEntry(rev, ts, l, forged)})
 }
 
-// leaderEntry is a register revision as a member receives it: with
-// forged, the latest genuine entry before it from the key's history, as
-// the runtime reads it.
+// leaderEntry is a register revision as a member receives it: with the
+// latest genuine holder's write before it from the key's history, as the
+// runtime reads it, when failover.WantsGenuine.
 func (s *sim) leaderEntry(rev uint64, ts time.Time, l failover.Leader, forged bool) failover.LeaderEntry {
 	e := failover.LeaderEntry{Rev: rev, Time: ts, Value: l, Forged: forged}
-	if forged {
-		e.Genuine = s.genuineBefore(rev)
+	if failover.WantsGenuine(e) {
+		e.Genuine = s.genuineBefore(rev, true)
 	}
 	return e
 }
 
 // genuineBefore is the latest entry of the register's history below rev
-// that the forger did not write unsigned (nil: none).
-func (s *sim) genuineBefore(rev uint64) *failover.LeaderEntry {
+// that the forger did not write unsigned and, with own, is not written for
+// another holder (nil: none).
+func (s *sim) genuineBefore(rev uint64, own bool) *failover.LeaderEntry {
 	hist, err := s.server.kv.History(bg, failover.LeaderKey(s.rules.Pair))
 	if err != nil {
 		return nil
@@ -106,7 +114,7 @@ func (s *sim) genuineBefore(rev uint64) *failover.LeaderEntry {
 			continue
 		}
 		le, err := failover.LeaderEntryOf(e, 0)
-		if err != nil {
+		if err != nil || (own && le.Value.ForAnother()) {
 			continue
 		}
 		return &le

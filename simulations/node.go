@@ -392,8 +392,8 @@ func (s *sim) resync(n *node) {
 // does not decode — the simulator writes none).
 func (s *sim) entryInput(e events.Entry) failover.Input {
 	in, _ := failover.InputOf(s.rules.Pair, e)
-	if lo, ok := in.(failover.LeaderObserved); ok && s.forged[e.Revision] {
-		lo.Entry = s.leaderEntry(e.Revision, e.Time, lo.Entry.Value, true)
+	if lo, ok := in.(failover.LeaderObserved); ok && !lo.Entry.Corrupt {
+		lo.Entry = s.leaderEntry(e.Revision, e.Time, lo.Entry.Value, s.forged[e.Revision])
 		return lo
 	}
 	return in
@@ -460,5 +460,7 @@ func (s *sim) onMemberEvent(n *node, ev events.Event) {
 		}
 	case *failover.RejoinFailed:
 		s.count(cDBRejoinFailed)
+	case *failover.ForgedValueIgnored:
+		s.count(cForgedIgnored)
 	}
 }

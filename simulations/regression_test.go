@@ -72,6 +72,57 @@ var regressions = []struct {
 	// Fixed by 4281f19 (staleness runs from the first own heartbeat after
 	// a stall).
 	{name: "witness-loss-is-not-a-failover", scenario: "witness-loss", seed: 1},
+	// Issue 15, values forged by a client that may write the pair's keys
+	// (the forger, forge.go). "Before" is this simulator run against the
+	// member of 0af9819, the commit that added the forger (`git worktree
+	// add /tmp/pre 0af9819`, then copy simulations/ and
+	// actors/failover/{register,input,events}.go in): it read no By, no
+	// Forged, and took a heartbeat's site from its value.
+	//
+	// Finding F1: a forged leader = none naming the replica, written while
+	// the primary serves. Before: promotion-while-primary-writes-land at
+	// 20.895s and split-brain at 20.998s (the replica promoted on it; the
+	// primary fenced only when its next CAS failed), again at 58.605s
+	// signed with the replica's key. Fixed: a release counts only when
+	// its signature verifies and its writer is the holder, in its term.
+	{name: "issue-15-f1-forged-handoff", scenario: "forged-handoff", seed: 1},
+	// Finding F2: the primary loses power and a forger writes its beats.
+	// Before: dead-primary-not-replaced at 34.001s (the replica took each
+	// forged beat for the holder's; 46s with nobody serving). Fixed:
+	// staleness runs from the holder's last genuine write.
+	{name: "issue-15-f2-forged-beats", scenario: "forged-beats", seed: 1},
+	// Findings F3 and F4: ready heartbeats claiming the dead primary's
+	// site, under the replica's key. Before: failback-to-absent-member at
+	// 34.615s, 43.619s, 50.615s. Fixed: a heartbeat is the site's whose
+	// key it is written under.
+	{name: "issue-15-f3-forged-ready", scenario: "forged-ready", seed: 1},
+	// Found while building the fix, each failing with one of its rules
+	// reverted. Before (0af9819's member) the first and third pass — a
+	// replica fooled by forged beats never takes over, and no release was
+	// judged — and the second fails on finding F1.
+	//  - A forger writing the holder's beats, and 442ms of latency on the
+	//    holder's link: its CAS keeps meeting a forged value that landed
+	//    first. With such conflicts counted as neither failure nor success
+	//    the holder never fenced itself, the replica took over on the
+	//    holder's last landed write: split-brain at 284.720s. They count as
+	//    failures (ddmin of forged-random seed 65).
+	{name: "issue-15-conflicts-with-forged-values-are-failures", scenario: "forged-random", seed: 65, duration: 6 * time.Minute,
+		faults: "forge(beats,site-a)@3m51.036s+1m8.167s;latency(site-a,both,442ms)@4m39.437s+30.398s"},
+	//  - A release that met a forged value waited for the next beat: a
+	//    forger writing in step with the beats kept it from landing
+	//    (unavailable-while-standby-healthy at 963.863s). It is written
+	//    again at once. Before: promotion-while-primary-writes-land at
+	//    49.523s (the forged handoff at 49.447s).
+	{name: "issue-15-release-after-forged-value-at-once", scenario: "forged-random", seed: 165},
+	//  - No forger: the replica's promotion fails and it releases to the
+	//    primary, which restarted with a watch 5.6s behind; the release,
+	//    read after a conflict ahead of the watch, was judged against the
+	//    register as the primary knew it before the replica's acquire:
+	//    refused, handover-left-vacant at 803.769s. A release is judged
+	//    against the genuine write before it (LeaderEntry.Genuine), which
+	//    the host hands over with it (ddmin of forged-random seed 815).
+	{name: "issue-15-release-judged-against-the-write-before-it", scenario: "random", seed: 815, duration: 15 * time.Minute,
+		faults: "proc(site-b,promote,fail-all)@12m33.785s+1m8.828s;watchlag(site-a,5.561s)@12m53.26s+37.193s;pause(site-a)@13m10.326s+14.302s"},
 }
 
 func TestRegressionSeeds(t *testing.T) {

@@ -433,22 +433,33 @@ func dbRandomSchedule(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault 
 
 // forgedRandomSchedule is RandomSchedule plus a forger about once a
 // minute (drawn after RandomSchedule's faults, so those are random's).
+// Signed values are signed with a peer's key: beats with the other site's,
+// a handoff with either (the forger skips what the holder may write
+// itself). Ready heartbeats claim the preferred primary (only it is failed
+// back to) under the replica's key: the primary's own key is its node's
+// word, and a key of neither member reaches no member in the runtime
+// (the transcript forged_ready.txt has the member ignore one as well).
 func forgedRandomSchedule(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
 	out := RandomSchedule(r, rl, d)
 	sites := []string{rl.Primary, rl.Replica}
 	for t := between(r, 10*time.Second, 60*time.Second); t < d-10*time.Second; t += between(r, 20*time.Second, 100*time.Second) {
-		site := sites[r.IntN(2)]
-		by := ""
-		if r.IntN(3) == 0 {
-			by = sites[r.IntN(2)]
-		}
+		i := r.IntN(2)
+		site, signed := sites[i], r.IntN(3) == 0
 		switch r.IntN(3) {
 		case 0:
-			out = append(out, Fault{Kind: FaultForge, Forge: ForgeHandoff, Site: site, By: by, At: t})
+			f := Fault{Kind: FaultForge, Forge: ForgeHandoff, Site: site, At: t}
+			if signed {
+				f.By = sites[r.IntN(2)]
+			}
+			out = append(out, f)
 		case 1:
-			out = append(out, Fault{Kind: FaultForge, Forge: ForgeBeats, Site: site, By: by, At: t, For: between(r, 5*time.Second, 90*time.Second)})
+			f := Fault{Kind: FaultForge, Forge: ForgeBeats, Site: site, At: t, For: between(r, 5*time.Second, 90*time.Second)}
+			if signed {
+				f.By = sites[1-i]
+			}
+			out = append(out, f)
 		default:
-			out = append(out, Fault{Kind: FaultForge, Forge: ForgeReady, Site: site, Key: sites[1-slices.Index(sites, site)], At: t, For: between(r, 5*time.Second, 60*time.Second)})
+			out = append(out, Fault{Kind: FaultForge, Forge: ForgeReady, Site: rl.Primary, Key: rl.Replica, At: t, For: between(r, 5*time.Second, 60*time.Second)})
 		}
 	}
 	slices.SortStableFunc(out, func(a, b Fault) int { return cmp.Compare(a.At, b.At) })

@@ -732,7 +732,7 @@ func (s *sim) serverWrite(n *node, ref int32) {
 			}
 			s.refreshViews()
 			s.inv.checkArm(s)
-			in = failover.LeaderObserved{Entry: failover.LeaderEntry{Rev: res.rev, Time: res.ts, Value: w.Leader}}
+			in = failover.LeaderObserved{Entry: s.leaderEntry(res.rev, res.ts, w.Leader, false)}
 		} else {
 			n.lastBeatLanded = s.now
 			in = failover.HeartbeatObserved{Rev: res.rev, Time: res.ts, Site: failover.HeartbeatSite(s.rules.Pair, w.Key), Value: w.Beat}

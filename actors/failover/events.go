@@ -448,6 +448,23 @@ type ManualFailoverRejected struct {
 	Synchronous Synchronous    `msgpack:"sync,omitempty"`
 }
 
+// ForgedValueIgnored: a revision of the register is not a value a member
+// wrote (Reason says how this member can tell: its signature does not
+// verify, its writer is not the holder it names, or leader = none was not
+// written by the holder in its term). The member does not take it for a
+// member's write: a follower neither promotes on it nor counts it as the
+// holder's beat; a holder (Holder) keeps the register and replaces the
+// value by CAS at its next write. Recorded once per revision; Value is the
+// value as written, without its signature.
+type ForgedValueIgnored struct {
+	Rev    uint64 `msgpack:"rev"`
+	Reason string `msgpack:"reason"`
+	Value  Leader `msgpack:"value"`
+	Holder bool   `msgpack:"holder,omitempty"`
+}
+
+func (*ForgedValueIgnored) EventType() string { return "failover.forged_value_ignored" }
+
 func (*AutomationPaused) EventType() string       { return "failover.automation_paused" }
 func (*AutomationResumed) EventType() string      { return "failover.automation_resumed" }
 func (*ManualFailoverAccepted) EventType() string { return "failover.manual_failover_accepted" }
@@ -496,6 +513,7 @@ func RegisterEvents(reg *events.Registry) error {
 		&CheckFailed{}, &CheckRecovered{}, &MemberStopped{},
 		&RejoinRequested{}, &Rejoined{}, &RejoinFailed{}, &PromotionWithheld{}, &ReplicationModeChanged{},
 		&AutomationPaused{}, &AutomationResumed{}, &ManualFailoverAccepted{}, &ManualFailoverRejected{},
+		&ForgedValueIgnored{},
 	} {
 		if err := reg.Register(ev, 1); err != nil {
 			return err

@@ -93,11 +93,15 @@ type LeaderEntry struct {
 	// does not decode cannot verify either). The member never takes a
 	// forged value for a member's write.
 	Forged bool
-	// Genuine, with Forged: the latest entry of the key's history before
-	// this one whose value verifies, as the host read it (nil: none, or the
-	// host could not read the history). A member that did not see it (its
-	// watch started after it, or skipped it) learns from it who holds the
-	// register and since when.
+	// Genuine, when WantsGenuine(entry): the latest entry of the key's
+	// history before this one whose value decodes, verifies and is not
+	// written for another holder (Leader.ForAnother), as the host read it
+	// (nil: none, or the host could not read the history). A member that does not take this
+	// entry for a member's write, and did not see that one (its watch
+	// started after it, or a read came ahead of the watch), learns from it
+	// who holds the register and since when: the compare-and-set it then
+	// issues, on this entry's revision, cannot pass over a live holder's
+	// beats it never saw.
 	Genuine *LeaderEntry
 }
 

@@ -128,6 +128,12 @@ type pendingWrite struct {
 // revision of one that lands late.
 const lateKeep = 8
 
+// forgedKeep bounds how many revisions recorded as no member's write a
+// member remembers, so that it records each once even when a read after
+// a conflict came ahead of the watch that delivers them: the key's history
+// (64 revisions) is all a watch can deliver late.
+const forgedKeep = 64
+
 // Member is one member of a failover pair. It is not safe for concurrent
 // use: its host feeds it one input at a time.
 type Member struct {
@@ -162,12 +168,19 @@ type Member struct {
 	lastFailover string // the latest operator failover request settled
 
 	// Volatile state, rebuilt from observations after a restart.
-	now          time.Duration
-	synced       bool
-	syncedAt     time.Duration
+	now      time.Duration
+	synced   bool
+	syncedAt time.Duration
+	// leader is the latest register entry a member wrote, as far as this
+	// member can tell (see distrust): who holds the register, and since
+	// when it is stale. regRev is the register's latest revision, whoever
+	// wrote it: what a compare-and-set must expect.
 	leader       LeaderEntry
 	leaderKnown  bool
 	leaderSeenAt time.Duration
+	regRev       uint64
+	forgedSeen   [forgedKeep]uint64 // the latest revisions recorded as no member's write (a ring)
+	forgedNext   int
 	ownBeatTime  time.Time
 	ownBeatRev   uint64
 	// storeResumed is the server time of this member's first heartbeat
@@ -576,14 +589,14 @@ func (m *Member) advance(due time.Duration) time.Duration {
 func (m *Member) writeRegister() {
 	var w Write
 	if m.phase == PhaseReleasing {
-		l := Leader{Term: m.term, Handoff: m.handoff, Planned: m.demoteReason == DemoteSwitchover}
+		l := Leader{Term: m.term, Handoff: m.handoff, Planned: m.demoteReason == DemoteSwitchover, By: m.site}
 		w = Write{Kind: WriteRelease, Key: LeaderKey(m.rules.Pair), Leader: l, ExpectRev: m.lastRev}
 	} else {
 		// A suspended holder that has had success_threshold good writes
 		// announces that it is about to serve: this write is unfenced, and
 		// it serves only once this write has landed (see onBeatSuccess).
 		fenced := m.phase == PhaseSuspended && m.successes < m.rules.SuccessThreshold
-		l := Leader{Site: m.site, Term: m.term, Beat: m.beat + 1, Fenced: fenced, Sync: m.syncReg, Paused: m.paused, PauseRev: m.pauseRev}
+		l := Leader{Site: m.site, Term: m.term, Beat: m.beat + 1, Fenced: fenced, Sync: m.syncReg, Paused: m.paused, PauseRev: m.pauseRev, By: m.site}
 		if m.opts.Positions && m.statusKnown && m.status.Role == capability.RolePrimary {
 			l.Flush, l.Timeline = m.status.Flush, m.status.Timeline
 		}
@@ -626,7 +639,7 @@ func (m *Member) acquire(reason AcquireReason, expect uint64, stale time.Duratio
 	// request) is not handed back by failback: auto.
 	m.acq.planned = (reason == AcquireHandoff && m.leader.Value.Planned) || reason == AcquireOperator
 	m.emit(&AcquireAttempted{Reason: reason, Term: term, ExpectRev: expect, Stale: stale})
-	l := Leader{Site: m.site, Term: term}
+	l := Leader{Site: m.site, Term: term, By: m.site}
 	w := Write{Op: m.nextOp(), Kind: WriteAcquire, Key: LeaderKey(m.rules.Pair), Leader: l,
 		Value: EncodeLeader(l), ExpectRev: expect, Deadline: m.now + m.rules.HeartbeatTimeout}
 	m.inflight = &pendingWrite{op: w.Op, kind: w.Kind, deadline: w.Deadline, leader: l, expect: expect}
@@ -652,6 +665,14 @@ func (m *Member) maybeAcquire() {
 	localStale := m.now - m.leaderSeenAt
 	if !m.leaderKnown {
 		switch {
+		case m.regRev != 0:
+			// The register holds only values no member wrote, and the host
+			// found none before them: held by nobody this member knows of.
+			// Like a corrupt register, it is taken over by the staleness
+			// rule, on this member's clock, never at once.
+			if m.ownBeatRev != 0 && localStale > fo && !m.paused {
+				m.acquire(AcquireStale, m.regRev, localStale)
+			}
 		case m.site == m.rules.Primary:
 			m.acquire(AcquireBootstrap, 0, 0)
 		case m.ownBeatRev != 0 && localStale > fo && !m.paused:
@@ -660,9 +681,12 @@ func (m *Member) maybeAcquire() {
 		return
 	}
 	v := m.leader.Value
-	if v.Site == m.site {
+	if v.Site == m.site && v.Term > m.lostTerm {
 		return // maybeResume handles it
 	}
+	// A register naming this member in a term it lost (its own last write,
+	// and only forged values after it) is a holder gone like any other:
+	// the staleness rule below takes it over.
 	if v.Site == "" && !m.leader.Corrupt {
 		// A corrupt register is vacant too, but its last valid holder may
 		// still serve until its next CAS fails and its fence completes: it
@@ -672,7 +696,7 @@ func (m *Member) maybeAcquire() {
 			m.acquireChecked(AcquireHandoff, 0)
 			return
 		case v.Handoff == "" && m.site == m.rules.Primary:
-			m.acquire(AcquireVacant, m.leader.Rev, 0)
+			m.acquire(AcquireVacant, m.regRev, 0)
 			return
 		}
 	}
@@ -738,7 +762,9 @@ func (m *Member) holderGone() (time.Duration, bool) {
 func (m *Member) maybeResume() {
 	if m.leaderKnown && m.leader.Value.Site == m.site && m.leader.Value.Term > m.lostTerm {
 		m.emit(&Resumed{Term: m.leader.Value.Term, Rev: m.leader.Rev})
-		m.lastRev, m.beat = m.leader.Rev, m.leader.Value.Beat
+		// Revisions above its own latest write are values no member wrote
+		// (see observeLeader): its first write replaces them.
+		m.lastRev, m.beat = m.regRev, m.leader.Value.Beat
 		m.syncReg, m.syncLanded = m.leader.Value.Sync, m.leader.Value.Sync
 		m.failures, m.successes = 0, 0
 		m.nextBeatAt = m.now
@@ -812,8 +838,10 @@ func (m *Member) onWriteResult(r WriteResult) {
 }
 
 func (m *Member) onLeaderWriteAnswered(w pendingWrite, r WriteResult) {
+	why := "" // why the register read back is not a member's write
 	if r.Current != nil {
 		m.observeLeader(*r.Current)
+		why = m.verdict(*r.Current)
 	}
 	switch w.kind {
 	case WriteBeat:
@@ -823,6 +851,26 @@ func (m *Member) onLeaderWriteAnswered(w pendingWrite, r WriteResult) {
 			m.onBeatSuccess(w.leader.Fenced)
 			m.onSyncLanded(w.leader, r.Revision)
 		case WriteConflict:
+			if r.Current != nil && why != "" {
+				// A value no member wrote moved the revision: this holder
+				// still holds the register, unless a rival's write came
+				// before it. Its write did not land all the same, and counts
+				// as failed — the other member's clock runs on its landed
+				// writes only, so a holder whose writes a forger keeps from
+				// landing must fence itself in time. It writes again at
+				// once, by CAS on that value.
+				switch {
+				case r.Current.Rev <= w.expect:
+					m.onLeaderWriteFailed(w, fmt.Sprintf("conflict, but the register read back (rev %d) is not newer than the revision the write expected (rev %d): stale read", r.Current.Rev, w.expect))
+				case m.rivalSince(w.expect):
+					m.lose(&m.leader)
+				default:
+					m.lastRev = max(m.lastRev, r.Current.Rev)
+					m.onLeaderWriteFailed(w, fmt.Sprintf("conflict: a value no member wrote (rev %d) landed first: %s", r.Current.Rev, why))
+					m.nextBeatAt = m.now
+				}
+				return
+			}
 			if r.Current != nil && m.mine(r.Current.Value) {
 				if r.Current.Rev <= w.expect {
 					// The register read back is not newer than the revision
@@ -876,13 +924,33 @@ func (m *Member) onLeaderWriteAnswered(w pendingWrite, r WriteResult) {
 			m.lastRev = r.Revision
 			m.emit(&Released{Term: m.term, Rev: r.Revision, Handoff: w.leader.Handoff})
 		case WriteConflict:
+			if r.Current != nil && why != "" && !m.rivalSince(w.expect) {
+				// A value no member wrote: release again at once, by CAS on
+				// it (waiting for the next beat would let a forger writing
+				// in step with the beats keep the release from landing).
+				m.lastRev = max(m.lastRev, r.Current.Rev)
+				if r.Current.Rev > w.expect {
+					m.nextBeatAt = m.now
+				}
+				return
+			}
 			if r.Current != nil && m.mine(r.Current.Value) {
 				m.lastRev = max(m.lastRev, r.Current.Rev)
 				return // our own late heartbeat landed (or a stale read); retry the release next beat
 			}
+			if why != "" {
+				m.lose(&m.leader)
+				return
+			}
 			m.lose(r.Current)
 		}
 	}
+}
+
+// rivalSince reports whether the register as members wrote it shows
+// another writer's value above revision rev (the holder lost it).
+func (m *Member) rivalSince(rev uint64) bool {
+	return m.leaderKnown && m.leader.Rev > rev && !m.mine(m.leader.Value)
 }
 
 func cause(r WriteResult) string {
@@ -964,10 +1032,112 @@ func (m *Member) lose(cur *LeaderEntry) {
 	}
 }
 
-func (m *Member) observeLeader(e LeaderEntry) bool {
+// observeLeader takes in a revision of the register. It reports whether
+// the revision is new to this member, why it is not a member's write (""
+// when it is one: see distrust), and the entry it now takes for the
+// register as members wrote it (nil: none new) — e itself, or, for a value
+// no member wrote, the genuine entry before it (LeaderEntry.Genuine) when
+// that one is newer than what it knew. A value no member wrote is recorded
+// (ForgedValueIgnored) and changes nothing else: not the holder, not the
+// staleness of its writes; only the revision a compare-and-set expects.
+func (m *Member) observeLeader(e LeaderEntry) (fresh bool, why string, took *LeaderEntry) {
 	if m.leaderKnown && e.Rev <= m.leader.Rev {
-		return false
+		// Older than the register as this member knows it (a watch behind
+		// a read): it changes nothing, but one that is plainly no member's
+		// is recorded all the same, for the record's readers.
+		if why := m.plainlyForged(e); why != "" {
+			m.ignore(e, why)
+		}
+		return false, "", nil
 	}
+	why = m.distrust(e)
+	if e.Rev <= m.regRev {
+		// Below a revision already seen: a register read after a conflict
+		// came ahead of the watch, which now delivers what it skipped. A
+		// member's write is taken; anything else was seen already.
+		if why != "" {
+			m.ignore(e, why)
+			return false, "", nil
+		}
+		m.takeLeader(e)
+		return true, "", &m.leader
+	}
+	m.regRev = e.Rev
+	if g := e.Genuine; why != "" && g != nil && !g.Forged && (!m.leaderKnown || g.Rev > m.leader.Rev) && g.Rev < e.Rev && m.distrust(*g) == "" {
+		// A holder's write this member did not see: the register as
+		// members wrote it, and what e is judged against.
+		m.takeLeader(*g)
+		took = &m.leader
+		why = m.distrust(e)
+	}
+	if why == "" {
+		m.takeLeader(e)
+		return true, "", &m.leader
+	}
+	m.ignore(e, why)
+	return true, why, took
+}
+
+// ignore records, once, that register entry e is not a member's write.
+func (m *Member) ignore(e LeaderEntry, why string) {
+	for _, r := range m.forgedSeen {
+		if r == e.Rev {
+			return
+		}
+	}
+	m.forgedSeen[m.forgedNext] = e.Rev
+	m.forgedNext = (m.forgedNext + 1) % forgedKeep
+	v := e.Value
+	v.Sig = nil
+	m.emit(&ForgedValueIgnored{Rev: e.Rev, Reason: why, Value: v, Holder: m.holding()})
+}
+
+// distrust says why register entry e is not a value a member wrote, or ""
+// when it is one as far as this member can tell: its signature verifies
+// (the host says Forged otherwise), a holder's value is written by the
+// holder (By), and leader = none is written by the holder of the register
+// as this member last knew it, in its term — only a holder releases, after
+// it demoted. Values without By (written before it existed, or with
+// verification off) are taken as they are.
+func (m *Member) distrust(e LeaderEntry) string {
+	v := e.Value
+	if why := m.plainlyForged(e); why != "" {
+		return why
+	}
+	switch {
+	case v.Site == "" && v.By != "" && m.leaderKnown && !m.leader.Corrupt:
+		if p := m.leader.Value; p.Site != v.By || p.Term != v.Term {
+			return fmt.Sprintf("leader = none written by %s in term %d, but the register's holder was %v: only the holder releases it, in its own term", v.By, v.Term, p)
+		}
+	}
+	return ""
+}
+
+// plainlyForged is the part of distrust that needs nothing but e: its
+// signature, and a holder's value written by another.
+func (m *Member) plainlyForged(e LeaderEntry) string {
+	v := e.Value
+	switch {
+	case e.Forged:
+		return "its signature does not verify against the key of a node that runs the site it names as its writer"
+	case !e.Corrupt && v.Site != "" && v.By != "" && v.By != v.Site:
+		return fmt.Sprintf("written by %s, yet it names %s as the holder: a holder's beats are its own", v.By, v.Site)
+	}
+	return ""
+}
+
+// verdict is distrust for an entry this member may have seen before (a
+// register read back after a conflict): one at or below the register as
+// members wrote it is taken as such.
+func (m *Member) verdict(e LeaderEntry) string {
+	if m.leaderKnown && e.Rev <= m.leader.Rev {
+		return ""
+	}
+	return m.distrust(e)
+}
+
+// takeLeader makes e, a member's write, the register as this member knows it.
+func (m *Member) takeLeader(e LeaderEntry) {
 	prev := m.leader.Value
 	sameHolder := m.leaderKnown && prev.Site == e.Value.Site && prev.Term == e.Value.Term && e.Value.Site != ""
 	switch {
@@ -1002,34 +1172,45 @@ func (m *Member) observeLeader(e LeaderEntry) bool {
 			m.pubFlush, m.pubBy = e.Value.Flush, holderID(e.Value.Site, e.Value.Term)
 		}
 	}
-	return true
 }
 
 func holderID(site string, term uint64) string { return fmt.Sprintf("%s/%d", site, term) }
 
 func (m *Member) onLeader(e LeaderEntry) {
-	if !m.observeLeader(e) {
+	fresh, why, took := m.observeLeader(e)
+	if !fresh || !m.holding() {
 		return
 	}
-	if !m.holding() || e.Rev <= m.lastRev {
-		return
+	if took != nil && took.Rev > m.lastRev {
+		t := *took
+		switch {
+		case m.mine(t.Value):
+			m.lastRev = t.Rev // our own write, seen before its answer
+		case m.phase == PhaseReleasing && t.Value.Site == "" && t.Value.Term == m.term && t.Value.Handoff == m.handoff && !t.Value.Fenced:
+			// Our release landed; its answer is still on the way.
+			m.inflight = nil
+			m.lastRev = t.Rev
+			m.emit(&Released{Term: m.term, Rev: t.Rev, Handoff: t.Value.Handoff})
+			return
+		default:
+			m.lose(&t)
+			return
+		}
 	}
-	if m.mine(e.Value) {
-		m.lastRev = e.Rev // our own write, seen before its answer
-		return
-	}
-	if m.phase == PhaseReleasing && e.Value.Site == "" && e.Value.Term == m.term && e.Value.Handoff == m.handoff && !e.Value.Fenced {
-		// Our release landed; its answer is still on the way.
-		m.inflight = nil
+	if why != "" && e.Rev > m.lastRev {
+		// A value no member wrote, on top of this holder's: it still holds
+		// the register, and its next write replaces the value by CAS.
 		m.lastRev = e.Rev
-		m.emit(&Released{Term: m.term, Rev: e.Rev, Handoff: e.Value.Handoff})
-		return
 	}
-	m.lose(&e)
 }
 
+// onMemberBeat takes in a member heartbeat: the site is its key's, never
+// what the value claims, and a key of neither member is nobody's.
 func (m *Member) onMemberBeat(h HeartbeatObserved) {
-	if h.Value.Site == m.site {
+	if h.Site != m.site && h.Site != m.rules.Other(m.site) {
+		return
+	}
+	if h.Site == m.site {
 		if h.Rev > m.ownBeatRev {
 			if !m.rewatched && !m.ownBeatTime.IsZero() && h.Time.Sub(m.ownBeatTime) > 2*m.rules.HeartbeatTimeout {
 				m.storeResumed = h.Time
@@ -1048,7 +1229,7 @@ func (m *Member) onMemberBeat(h HeartbeatObserved) {
 		m.peerReady = 1
 	}
 	m.peerLast, m.peerSeenAt = h.Time, m.now
-	if m.phase != PhaseLeader || h.Value.Site != m.rules.Primary {
+	if m.phase != PhaseLeader || h.Site != m.rules.Primary {
 		m.prefCount, m.prefLast = 0, time.Time{}
 		return
 	}
@@ -1185,11 +1366,10 @@ func (m *Member) maybeManualFailover() {
 			m.ownBeatTime.Sub(p.at).Round(time.Millisecond), req.within())})
 		return
 	}
-	var expect uint64
+	expect := m.regRev
 	var stale time.Duration
 	holder := ""
 	if m.leaderKnown {
-		expect = m.leader.Rev
 		v := m.leader.Value
 		holder = v.Site
 		if v.Site != "" || m.leader.Corrupt {
@@ -1469,7 +1649,7 @@ func (m *Member) acquireChecked(reason AcquireReason, stale time.Duration) {
 		}
 		return
 	}
-	m.acquire(reason, m.leader.Rev, stale)
+	m.acquire(reason, m.regRev, stale)
 }
 
 // manageSync keeps a leader's synchronous replication as the rule wants

@@ -199,6 +199,13 @@ func TestTranscripts(t *testing.T) {
 				_, force := arg("force")
 				w.logf("oper", "failover requested to %s force=%v", to, force)
 				w.put(ManualFailoverKey(w.rules.Pair), EncodeManualFailover(ManualFailover{ID: id, To: to, Force: force, Requested: w.serverTime(), Within: dur("within", 0)}))
+			case "forge":
+				kind, _ := arg("kind")
+				s, _ := arg("site")
+				by, _ := arg("by")
+				key, _ := arg("key")
+				every := dur("every", 0)
+				w.forge(kind, s, by, key, every, w.now+dur("for", 0))
 			case "garbage":
 				w.logf("oper", "a value that is not msgpack is written to the register")
 				w.put(LeaderKey(w.rules.Pair), []byte("not msgpack \xc1"))

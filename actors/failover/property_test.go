@@ -94,7 +94,8 @@ func TestNeverServesAfterLostCAS(t *testing.T) {
 				in = LeaderObserved{Entry: LeaderEntry{Rev: rev, Time: epoch.Add(now), Value: leader(t)}}
 			case 4:
 				rev++
-				in = HeartbeatObserved{Rev: rev, Time: epoch.Add(now), Value: Heartbeat{
+				// The key's site counts, whatever the value claims.
+				in = HeartbeatObserved{Rev: rev, Time: epoch.Add(now), Site: rapid.SampledFrom([]string{"a", "b", "c"}).Draw(t, "hkey"), Value: Heartbeat{
 					Site: rapid.SampledFrom([]string{"a", "b"}).Draw(t, "hsite"), Ready: rapid.Bool().Draw(t, "hready")}}
 			case 5:
 				if len(procs) == 0 {
@@ -118,6 +119,103 @@ func TestNeverServesAfterLostCAS(t *testing.T) {
 			if err := checkRules(m.Rules(), Options{}); err != nil {
 				t.Fatalf("rules in force break the inequality: %v", err)
 			}
+		}
+	})
+}
+
+// TestForgedValuesChangeNothing drives a member with random inputs, among
+// them register values no member wrote (Forged, or signed by a site other
+// than the holder they name) at fresh revisions, and checks that such a
+// value, arriving at the moment of the previous input, makes the member
+// record it and do nothing else: no promotion, no loss of the register, no
+// demotion, no fence, no procedure; at most a write that replaces it.
+func TestForgedValuesChangeNothing(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		rules := DefaultRules("pg", "a", "b")
+		site := rapid.SampledFrom([]string{"a", "b"}).Draw(t, "site")
+		m, err := NewMember(site, rules, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var now time.Duration
+		var writes []Write
+		var rev uint64 = 1
+		keep := func(r Ready) { writes = append(writes, r.Writes...) }
+		keep(m.Start(now))
+		value := func(t *rapid.T) Leader {
+			l := Leader{
+				Site: rapid.SampledFrom([]string{"a", "b", ""}).Draw(t, "lsite"),
+				Term: m.Term() + rapid.Uint64Range(0, 2).Draw(t, "lterm"),
+				Beat: rapid.Uint64Range(0, 9).Draw(t, "lbeat"),
+			}
+			if l.Site == "" {
+				l.Handoff = rapid.SampledFrom([]string{"a", "b", ""}).Draw(t, "lhandoff")
+			}
+			l.By = rapid.SampledFrom([]string{l.Site, "a", "b", ""}).Draw(t, "lby")
+			return l
+		}
+		steps := rapid.IntRange(1, 200).Draw(t, "steps")
+		for i := 0; i < steps; i++ {
+			kind := rapid.SampledFrom([]int{0, 1, 2, 2, 2, 3, 3, 4, 4}).Draw(t, "kind")
+			if kind != 4 {
+				now += rapid.SampledFrom([]time.Duration{0, 10 * time.Millisecond, 300 * time.Millisecond, time.Second, 3 * time.Second}).Draw(t, "dt")
+			}
+			var in Input
+			switch kind {
+			case 0:
+				in = Tick{}
+			case 1:
+				in = Synced{}
+			case 2:
+				if len(writes) == 0 {
+					continue
+				}
+				w := writes[len(writes)-1]
+				res := WriteResult{Op: w.Op, Err: WriteErr(rapid.SampledFrom([]int{1, 1, 1, 2, 3}).Draw(t, "err"))}
+				if res.Err == WriteOK {
+					rev++
+					res.Revision = rev
+				}
+				in = res
+			case 3:
+				// A member's write: by the site it names (a release by whoever).
+				rev++
+				l := value(t)
+				l.By = l.Site
+				if l.Site == "" {
+					l.By = rapid.SampledFrom([]string{"a", "b"}).Draw(t, "relby")
+				}
+				in = LeaderObserved{Entry: LeaderEntry{Rev: rev, Time: epoch.Add(now), Value: l}}
+			case 4:
+				rev++
+				l := value(t)
+				forged := rapid.Bool().Draw(t, "forged")
+				if !forged && (l.Site == "" || l.By == l.Site || l.By == "") {
+					l.Site, l.By = "a", "b" // signed, but not by the holder it names
+				}
+				r := m.Step(now, LeaderObserved{Entry: LeaderEntry{Rev: rev, Time: epoch.Add(now), Value: l, Forged: forged}})
+				keep(r)
+				ignored := 0
+				for _, ev := range r.Events {
+					if _, ok := ev.(*ForgedValueIgnored); !ok {
+						t.Fatalf("forged %v (forged=%v) at rev %d made member %s record %s %+v", l, forged, rev, site, ev.EventType(), ev)
+					}
+					ignored++
+				}
+				if ignored != 1 {
+					t.Fatalf("forged %v at rev %d recorded %d times", l, rev, ignored)
+				}
+				if len(r.Procedures) > 0 {
+					t.Fatalf("forged %v made member %s run %+v", l, site, r.Procedures)
+				}
+				for _, w := range r.Writes {
+					if w.Kind != WriteBeat && w.Kind != WriteMemberBeat {
+						t.Fatalf("forged %v made member %s write %v", l, site, w.Kind)
+					}
+				}
+				continue
+			}
+			keep(m.Step(now, in))
 		}
 	})
 }

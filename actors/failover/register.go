@@ -68,6 +68,20 @@ type Leader struct {
 	Sig []byte `msgpack:"sg,omitempty"`
 }
 
+// HolderWrite reports whether l is a holder's own value: it names a
+// holder, and says that holder wrote it (or does not say who wrote it).
+func (l Leader) HolderWrite() bool { return l.Site != "" && (l.By == "" || l.By == l.Site) }
+
+// ForAnother reports whether l names a holder and says another site wrote
+// it: a holder's beats are its own, so no member writes that.
+func (l Leader) ForAnother() bool { return l.Site != "" && l.By != "" && l.By != l.Site }
+
+// WantsGenuine reports whether a host must attach LeaderEntry.Genuine to
+// e: it is Forged, or not a holder's own value (a release, or a value
+// written for another holder), which a member judges against the
+// register as it knew it.
+func WantsGenuine(e LeaderEntry) bool { return e.Forged || (!e.Corrupt && !e.Value.HolderWrite()) }
+
 func (l Leader) String() string {
 	if l.Site == "" {
 		if l.Handoff != "" {

@@ -138,12 +138,12 @@ func TestStoreStallAndRewatchGaps(t *testing.T) {
 		m.Step(0, Synced{})
 		m.Step(0, LeaderObserved{Entry: LeaderEntry{Rev: 5, Time: t0, Value: Leader{Site: "site-a", Term: 1, Beat: 3}}})
 		for i := 1; i <= 2; i++ {
-			m.Step(time.Duration(i)*time.Second, HeartbeatObserved{Rev: uint64(5 + i), Time: t0.Add(time.Duration(i) * time.Second), Value: Heartbeat{Site: "site-b", Beat: uint64(i)}})
+			m.Step(time.Duration(i)*time.Second, HeartbeatObserved{Rev: uint64(5 + i), Time: t0.Add(time.Duration(i) * time.Second), Site: "site-b", Value: Heartbeat{Site: "site-b", Beat: uint64(i)}})
 		}
 		if rewatch {
 			m.Step(6*time.Second, Resynced{})
 		}
-		ready := m.Step(6500*time.Millisecond, HeartbeatObserved{Rev: 20, Time: t0.Add(6500 * time.Millisecond), Value: Heartbeat{Site: "site-b", Beat: 7}})
+		ready := m.Step(6500*time.Millisecond, HeartbeatObserved{Rev: 20, Time: t0.Add(6500 * time.Millisecond), Site: "site-b", Value: Heartbeat{Site: "site-b", Beat: 7}})
 		for _, w := range ready.Writes {
 			if w.Kind == WriteAcquire {
 				return true

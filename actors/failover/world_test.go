@@ -35,6 +35,10 @@ type world struct {
 	// maxTerm is the highest term the register's history shows (the
 	// runtime reads it from the key's history when a value is corrupt).
 	maxTerm uint64
+	// The register's history, and the revisions a forger wrote unsigned
+	// (the runtime's verification fails on them: Forged).
+	regHist []kvEntry
+	forged  map[uint64]bool
 }
 
 type kvEntry struct {
@@ -101,7 +105,7 @@ func (q *eventQueue) Pop() any {
 }
 
 func newWorld(t *testing.T, rules Rules, opts Options, out *strings.Builder) *world {
-	w := &world{t: t, rules: rules, config: rules, opts: opts, kv: map[string]kvEntry{}, node: map[string]*node{}, out: out}
+	w := &world{t: t, rules: rules, config: rules, opts: opts, kv: map[string]kvEntry{}, node: map[string]*node{}, out: out, forged: map[uint64]bool{}}
 	for _, s := range []string{rules.Primary, rules.Replica} {
 		w.sites = append(w.sites, s)
 		w.node[s] = &node{site: s, up: 10 * time.Millisecond, down: 10 * time.Millisecond, procs: map[ProcKind]procBehaviour{
@@ -139,6 +143,7 @@ func (w *world) put(key string, value []byte) kvEntry {
 		if l, err := DecodeLeader(value); err == nil {
 			w.maxTerm = max(w.maxTerm, l.Term)
 		}
+		w.regHist = append(w.regHist, e)
 	}
 	w.kv[key] = e
 	for _, s := range w.sites {
@@ -173,14 +178,13 @@ func (w *world) inputFor(key string, e kvEntry) Input {
 	p := w.rules.Pair
 	switch {
 	case key == LeaderKey(p):
-		le, _ := LeaderEntryOf(events.Entry{Key: key, Value: e.value, Revision: e.rev, Time: e.at, Op: events.OpPut}, w.maxTerm)
-		return LeaderObserved{Entry: le}
-	case strings.HasPrefix(key, p+".hb."):
+		return LeaderObserved{Entry: w.leaderEntry(e)}
+	case HeartbeatSite(p, key) != "":
 		h, err := DecodeHeartbeat(e.value)
 		if err != nil {
 			w.t.Fatalf("heartbeat value: %v", err)
 		}
-		return HeartbeatObserved{Rev: e.rev, Time: e.at, Value: h}
+		return HeartbeatObserved{Rev: e.rev, Time: e.at, Site: HeartbeatSite(p, key), Value: h}
 	case key == ConfigKey(p):
 		r, err := DecodeRules(e.value)
 		if err != nil {
@@ -201,6 +205,73 @@ func (w *world) inputFor(key string, e kvEntry) Input {
 		return in
 	}
 	return nil
+}
+
+// leaderEntry is a register revision as the runtime hands it to a member:
+// Forged when a forger wrote it unsigned, with the latest genuine holder's
+// write before it when WantsGenuine.
+func (w *world) leaderEntry(e kvEntry) LeaderEntry {
+	le, _ := LeaderEntryOf(events.Entry{Key: LeaderKey(w.rules.Pair), Value: e.value, Revision: e.rev, Time: e.at, Op: events.OpPut}, w.maxTerm)
+	le.Forged = w.forged[e.rev]
+	if WantsGenuine(le) {
+		for i := len(w.regHist) - 1; i >= 0; i-- {
+			h := w.regHist[i]
+			if h.rev >= e.rev || w.forged[h.rev] {
+				continue
+			}
+			if g, err := LeaderEntryOf(events.Entry{Key: LeaderKey(w.rules.Pair), Value: h.value, Revision: h.rev, Time: h.at, Op: events.OpPut}, 0); err == nil && !g.Value.ForAnother() {
+				le.Genuine = &g
+				break
+			}
+		}
+	}
+	return le
+}
+
+// forge has a forger write a value no member wrote, every for a while
+// (once without every): unsigned register values are Forged, by names
+// the site whose node key signs them; heartbeats go under key's key.
+func (w *world) forge(kind, site, by, key string, every, until time.Duration) {
+	p := w.rules.Pair
+	var beat uint64
+	var term uint64
+	var write func()
+	write = func() {
+		switch kind {
+		case "handoff":
+			cur, _ := DecodeLeader(w.kv[LeaderKey(p)].value)
+			l := Leader{Term: cur.Term, Handoff: site, By: by}
+			w.logf("forger", "writes %s = %v by=%q", LeaderKey(p), l, by)
+			w.putForged(LeaderKey(p), EncodeLeader(l), by == "")
+		case "beats":
+			if term == 0 {
+				for i := len(w.regHist) - 1; i >= 0; i-- {
+					if l, err := DecodeLeader(w.regHist[i].value); err == nil && l.Site == site && !w.forged[w.regHist[i].rev] {
+						term, beat = l.Term, l.Beat
+						break
+					}
+				}
+			}
+			beat++
+			l := Leader{Site: site, Term: term, Beat: beat, By: by}
+			w.logf("forger", "writes %s = %v by=%q", LeaderKey(p), l, by)
+			w.putForged(LeaderKey(p), EncodeLeader(l), by == "")
+		case "ready":
+			beat++
+			w.logf("forger", "writes %s = ready heartbeat claiming %s", HeartbeatKey(p, key), site)
+			w.put(HeartbeatKey(p, key), EncodeHeartbeat(Heartbeat{Site: site, Beat: beat, Phase: PhaseFollower, Ready: true}))
+		}
+		if every > 0 && w.now+every <= until {
+			w.at(w.now+every, write)
+		}
+	}
+	write()
+}
+
+// putForged is put for a forged register value: flagged before it fans out.
+func (w *world) putForged(key string, value []byte, forged bool) {
+	w.forged[w.rev+1] = forged
+	w.put(key, value)
 }
 
 // down sends an input from the server to n over its link, FIFO.
@@ -302,7 +373,7 @@ func (w *world) apply(n *node, wr Write) {
 	default:
 		res.Err = WriteConflict
 		if exists && wr.Key == LeaderKey(w.rules.Pair) {
-			le, _ := LeaderEntryOf(events.Entry{Key: wr.Key, Value: cur.value, Revision: cur.rev, Time: cur.at, Op: events.OpPut}, w.maxTerm)
+			le := w.leaderEntry(cur)
 			res.Current = &le
 		}
 	}

@@ -100,6 +100,14 @@ func TestReplayAgreesWithSimulator(t *testing.T) {
 	}
 	var runs []run
 	for _, sc := range simulations.Scenarios() {
+		if sc.Name == "forged-random" {
+			// Its forgers also write while every member is down: a value
+			// forged unsigned that no member saw (and so recorded as
+			// forged) is in the record as a register write, and the replay
+			// cannot verify signatures. forged-handoff, -beats and -ready
+			// agree.
+			continue
+		}
 		r := run{scenario: sc.Name, seeds: 25}
 		if sc.Name == "random" {
 			r.seeds, r.duration = 60, "20m"
