@@ -356,7 +356,10 @@ func pairStatus(ctx context.Context, kv events.KV, pair string, now time.Time) (
 					ss.DB.Replay = h.Replay.String()
 				}
 			}
-			st.Heartbeats[h.Site] = ss
+			// The key names the site, never the value (NATS permissions guard keys).
+			if site := failover.HeartbeatSite(pair, e.Key); site != "" {
+				st.Heartbeats[site] = ss
+			}
 		}
 	}
 	if st.Leader != "" {
