@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -25,10 +27,15 @@ import (
 )
 
 // natsFlags are the connection flags of every command that talks to a
-// running NATS (as opposed to serve, which may embed one).
+// running NATS (as opposed to serve, which may embed one): the same
+// credentials and TLS options as serve, each with its UNDERSTUDY_NATS_*
+// variable (cliEnv). The password is read only from the environment.
 type natsFlags struct {
 	url    string
 	bucket string
+
+	creds, nkey, user                     string
+	tlsCA, tlsCert, tlsKey, tlsServerName string
 }
 
 func (f *natsFlags) add(cmd *cobra.Command) {
@@ -42,8 +49,158 @@ func (f *natsFlags) addFleet(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.bucket, "fleet-bucket", runtime.DefaultFleetBucket, "fleet KV bucket")
 }
 
+// cliEnv names the variable of each connection flag: the same names serve
+// reads, so that one sourced env file (understudy init writes one for the
+// operator and one for the reader) serves every command.
+var cliEnv = map[string]string{
+	"nats-url":             "UNDERSTUDY_NATS_URL",
+	"nats-creds":           "UNDERSTUDY_NATS_CREDS",
+	"nats-nkey":            "UNDERSTUDY_NATS_NKEY",
+	"nats-user":            "UNDERSTUDY_NATS_USER",
+	"nats-tls-ca":          "UNDERSTUDY_NATS_TLS_CA",
+	"nats-tls-cert":        "UNDERSTUDY_NATS_TLS_CERT",
+	"nats-tls-key":         "UNDERSTUDY_NATS_TLS_KEY",
+	"nats-tls-server-name": "UNDERSTUDY_NATS_TLS_SERVER_NAME",
+}
+
+// cliPasswordEnv holds the password of --nats-user: never a flag, which
+// every user of the machine could read in ps.
+const cliPasswordEnv = "UNDERSTUDY_NATS_PASSWORD"
+
 func (f *natsFlags) addURL(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&f.url, "nats-url", envOr("UNDERSTUDY_NATS_URL", "nats://127.0.0.1:4222"), "NATS URL ($UNDERSTUDY_NATS_URL); user, password and creds come from $UNDERSTUDY_NATS_USER, _PASSWORD, _CREDS")
+	fl := cmd.Flags()
+	str := func(into *string, name, def, usage string) {
+		fl.StringVar(into, name, envOr(cliEnv[name], def), usage+" ($"+cliEnv[name]+")")
+	}
+	str(&f.url, "nats-url", "nats://127.0.0.1:4222", "NATS URL(s), comma-separated; tls:// for TLS")
+	str(&f.nkey, "nats-nkey", "", "file of the user nkey seed (SU...) to authenticate with, e.g. operator/operator.nk of understudy init")
+	str(&f.creds, "nats-creds", "", "credentials file (user JWT and nkey seed) to authenticate with")
+	str(&f.user, "nats-user", "", "user name to authenticate with; the password is read from $"+cliPasswordEnv+" only")
+	str(&f.tlsCA, "nats-tls-ca", "", "PEM file of the CA(s) that sign the NATS servers' certificates, instead of the system's")
+	str(&f.tlsCert, "nats-tls-cert", "", "client certificate (PEM) for servers that require one, with --nats-tls-key")
+	str(&f.tlsKey, "nats-tls-key", "", "client private key (PEM), with --nats-tls-cert")
+	str(&f.tlsServerName, "nats-tls-server-name", "", "name expected in the servers' certificates, instead of each URL's host")
+}
+
+// option names a connection flag with its variable, for errors.
+func option(flag string) string {
+	if env := cliEnv[flag]; env != "" {
+		return "--" + flag + " ($" + env + ")"
+	}
+	return "--" + flag
+}
+
+// connectOptions checks the connection flags into runtime's options: the
+// credentials (one way at most), and TLS from a private CA and a client
+// certificate when given. Errors name the flag and its variable.
+func (f *natsFlags) connectOptions() (runtime.ConnectOptions, error) {
+	o := runtime.ConnectOptions{URL: f.url, User: f.user, Password: os.Getenv(cliPasswordEnv), Creds: f.creds, NKey: f.nkey, Name: "understudy-cli"}
+	var errs []error
+	bad := func(flag, value, rule string) {
+		if value != "" {
+			value = " " + value
+		}
+		errs = append(errs, fmt.Errorf("%s%s: %s", option(flag), value, rule))
+	}
+	var ways []string
+	for _, w := range []struct{ flag, v string }{{"nats-nkey", f.nkey}, {"nats-creds", f.creds}, {"nats-user", f.user}} {
+		if w.v != "" {
+			ways = append(ways, option(w.flag))
+		}
+	}
+	if len(ways) > 1 {
+		errs = append(errs, fmt.Errorf("%s: give one way to authenticate, not several", strings.Join(ways, ", ")))
+	}
+	if f.user == "" && o.Password != "" {
+		bad("nats-user", "", "must be set with $"+cliPasswordEnv)
+	}
+	if f.nkey != "" {
+		if kp, err := runtime.LoadUserKey(f.nkey); err != nil {
+			bad("nats-nkey", f.nkey, "must be a file holding a user nkey seed (SU...): "+err.Error())
+		} else {
+			kp.Wipe()
+		}
+	}
+	if f.creds != "" {
+		if err := runtime.CheckCreds(f.creds); err != nil {
+			bad("nats-creds", f.creds, err.Error())
+		}
+	}
+	if f.tlsCA != "" || f.tlsCert != "" || f.tlsKey != "" || f.tlsServerName != "" {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: f.tlsServerName}
+		if f.tlsCA != "" {
+			pool := x509.NewCertPool()
+			if pem, err := os.ReadFile(f.tlsCA); err != nil {
+				bad("nats-tls-ca", f.tlsCA, "must be a readable PEM file: "+err.Error())
+			} else if !pool.AppendCertsFromPEM(pem) {
+				bad("nats-tls-ca", f.tlsCA, "must contain at least one PEM certificate")
+			} else {
+				tc.RootCAs = pool
+			}
+		}
+		switch {
+		case f.tlsCert != "" && f.tlsKey == "":
+			bad("nats-tls-key", "", "must be set with "+option("nats-tls-cert"))
+		case f.tlsKey != "" && f.tlsCert == "":
+			bad("nats-tls-cert", "", "must be set with "+option("nats-tls-key"))
+		case f.tlsCert != "":
+			if pair, err := tls.LoadX509KeyPair(f.tlsCert, f.tlsKey); err != nil {
+				bad("nats-tls-cert", f.tlsCert, "must be a PEM certificate matching "+option("nats-tls-key")+": "+err.Error())
+			} else {
+				tc.Certificates = []tls.Certificate{pair}
+			}
+		}
+		o.TLS = tc
+	}
+	return o, errors.Join(errs...)
+}
+
+// dial is the CLI's one way to connect to NATS: every command's
+// connection goes through it, with the options of connectOptions.
+func (f *natsFlags) dial() (*nats.Conn, error) {
+	o, err := f.connectOptions()
+	if err != nil {
+		return nil, err
+	}
+	auth, err := runtime.AuthOptions(o)
+	if err != nil {
+		return nil, err
+	}
+	opts := append([]nats.Option{nats.Name(o.Name), nats.Timeout(3 * time.Second)}, auth...)
+	nc, err := nats.Connect(f.url, opts...)
+	if err == nil {
+		return nc, nil
+	}
+	at := runtime.RedactURLs(f.url)
+	var unknownCA x509.UnknownAuthorityError
+	var hostErr x509.HostnameError
+	msg := err.Error()
+	switch {
+	case runtime.IsAuthError(err):
+		who := "no identity was given: set " + option("nats-nkey") + ", " + option("nats-creds") + " or " + option("nats-user")
+		if len(o.User+o.Creds+o.NKey) > 0 {
+			who = "check " + strings.Join(slices.DeleteFunc([]string{ifSet(f.nkey, "nats-nkey"), ifSet(f.creds, "nats-creds"), ifSet(f.user, "nats-user")}, func(s string) bool { return s == "" }), ", ")
+		}
+		return nil, fmt.Errorf("connect to NATS at %s: %w: the server refused the credentials; %s", at, err, who)
+	case errors.As(err, &unknownCA) || strings.Contains(msg, "certificate signed by unknown authority"):
+		return nil, fmt.Errorf("connect to NATS at %s: %w: the server's certificate is not signed by a CA this command trusts: give its CA with %s", at, err, option("nats-tls-ca"))
+	case errors.As(err, &hostErr) || strings.Contains(msg, "certificate is valid for"):
+		return nil, fmt.Errorf("connect to NATS at %s: %w: connect by a name the certificate holds, or give it with %s", at, err, option("nats-tls-server-name"))
+	case o.TLS == nil && strings.Contains(msg, "secure connection required"):
+		return nil, fmt.Errorf("connect to NATS at %s: %w: the server requires TLS: use a tls:// URL and give the CA with %s and a client certificate with %s and %s", at, err, option("nats-tls-ca"), option("nats-tls-cert"), option("nats-tls-key"))
+	case (o.TLS == nil || len(o.TLS.Certificates) == 0) && strings.Contains(strings.ToLower(msg), "tls"):
+		// A server that requires a client certificate closes the
+		// connection after the handshake: nats.go says only that.
+		return nil, fmt.Errorf("connect to NATS at %s: %w: the server requires a client certificate: give %s and %s", at, err, option("nats-tls-cert"), option("nats-tls-key"))
+	}
+	return nil, fmt.Errorf("connect to NATS at %s: %w (is a node running? start one with 'understudy serve')", at, err)
+}
+
+func ifSet(v, flag string) string {
+	if v == "" {
+		return ""
+	}
+	return option(flag)
 }
 
 func envOr(name, def string) string {
@@ -77,19 +234,9 @@ func (f *natsFlags) pairTarget(ctx context.Context, cmd *cobra.Command, pair, to
 }
 
 func (f *natsFlags) connect(ctx context.Context) (*nats.Conn, events.KV, error) {
-	opts := []nats.Option{nats.Name("understudy-cli"), nats.Timeout(3 * time.Second)}
-	if u, p := os.Getenv("UNDERSTUDY_NATS_USER"), os.Getenv("UNDERSTUDY_NATS_PASSWORD"); u != "" {
-		opts = append(opts, nats.UserInfo(u, p))
-	}
-	if c := os.Getenv("UNDERSTUDY_NATS_CREDS"); c != "" {
-		opts = append(opts, nats.UserCredentials(c))
-	}
-	nc, err := nats.Connect(f.url, opts...)
+	nc, err := f.dial()
 	if err != nil {
-		if runtime.IsAuthError(err) {
-			return nil, nil, fmt.Errorf("connect to NATS at %s: %w: the server refused the credentials ($UNDERSTUDY_NATS_USER and _PASSWORD, or _CREDS, or the URL's)", runtime.RedactURLs(f.url), err)
-		}
-		return nil, nil, fmt.Errorf("connect to NATS at %s: %w (is a node running? start one with 'understudy serve')", runtime.RedactURLs(f.url), err)
+		return nil, nil, err
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {

@@ -44,6 +44,11 @@ var envOf = map[string]string{
 	"nats-password": "UNDERSTUDY_NATS_PASSWORD",
 	"nats-creds":    "UNDERSTUDY_NATS_CREDS",
 	"nats-nkey":     "UNDERSTUDY_NATS_NKEY",
+	// The TLS files: the names the other commands read too (cliEnv).
+	"nats-tls-ca":          "UNDERSTUDY_NATS_TLS_CA",
+	"nats-tls-cert":        "UNDERSTUDY_NATS_TLS_CERT",
+	"nats-tls-key":         "UNDERSTUDY_NATS_TLS_KEY",
+	"nats-tls-server-name": "UNDERSTUDY_NATS_TLS_SERVER_NAME",
 }
 
 // overrideFromFlag copies a flag's value from the flag-bound config onto the
