@@ -2,19 +2,28 @@ package runtime
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
+	"io"
 	"io/fs"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
+
+	"understudy/actors/failover"
 )
 
 // threeSites is the deployment of docs/security.md on loopback: two pair
@@ -437,4 +446,99 @@ func TestDeployInstallDir(t *testing.T) {
 	if w, _ := LoadConfigFile(filepath.Join(dir, "witness", "node.yaml")); w.Agent != nil {
 		t.Errorf("the witness runs an agent")
 	}
+}
+
+// The three node files of understudy init are a complete deployment: three
+// serve runs on loopback form the NATS cluster over mutual TLS with their
+// own identities, provision the assets, the pair's preferred primary takes
+// leadership through its hooks, and the operator's files connect.
+func TestDeployedThreeSitesServe(t *testing.T) {
+	dir := t.TempDir()
+	spec := threeSites(dir)
+	for i := range spec.Nodes {
+		n := &spec.Nodes[i]
+		n.ClientPort, n.ClusterPort, n.HTTP = freePort(t), freePort(t), "127.0.0.1:"+strconv.Itoa(freePort(t))
+	}
+	res, err := Deploy(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var done []chan error
+	for _, n := range res.Nodes {
+		c, err := LoadConfigFile(n.NodeFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.LogOutput = io.Discard
+		ch := make(chan error, 1)
+		done = append(done, ch)
+		go func() { ch <- Serve(ctx, c) }()
+	}
+	t.Cleanup(func() {
+		cancel()
+		for i, ch := range done {
+			if err := <-ch; err != nil {
+				t.Errorf("%s: serve: %v", res.Nodes[i].Name, err)
+			}
+		}
+	})
+	for _, n := range spec.Nodes {
+		eventually(t, n.Name+" healthy", 60*time.Second, func() error {
+			resp, err := http.Get("http://" + n.HTTP + "/healthz")
+			if err != nil {
+				return err
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return errors.New(resp.Status)
+			}
+			return nil
+		})
+	}
+
+	// The operator, with its files only.
+	op := func(name string) string { return filepath.Join(res.Operator.Dir, name) }
+	pair, err := tls.LoadX509KeyPair(op("cert.pem"), op("key.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	if ca, err := os.ReadFile(op("ca.pem")); err != nil || !pool.AppendCertsFromPEM(ca) {
+		t.Fatalf("CA: %v", err)
+	}
+	auth, err := AuthOptions(ConnectOptions{NKey: op("operator.nk"), TLS: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, Certificates: []tls.Certificate{pair}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(res.URLs, auth...)
+	if err != nil {
+		t.Fatalf("the operator connects: %v", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "site-a leads pg-main", 60*time.Second, func() error {
+		kv, err := js.KeyValue(ctx, DefaultFailoverBucket)
+		if err != nil {
+			return err
+		}
+		if st, err := kv.Status(ctx); err != nil || st.(*jetstream.KeyValueBucketStatus).StreamInfo().Config.Replicas != 3 {
+			return fmt.Errorf("the failover bucket is not at R3: %v", err)
+		}
+		e, err := kv.Get(ctx, failover.LeaderKey("pg-main"))
+		if err != nil {
+			return err
+		}
+		l, err := failover.DecodeLeader(e.Value())
+		if err != nil {
+			return err
+		}
+		if l.Site != "site-a" || l.Fenced {
+			return fmt.Errorf("leader %+v", l)
+		}
+		return nil
+	})
 }
