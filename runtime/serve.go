@@ -158,7 +158,7 @@ func (n *node) run(ctx context.Context) error {
 		if err := n.embedded.WaitJetStream(ctx); err != nil {
 			return nil // ctx is done
 		}
-		n.log.Info("jetstream cluster has a meta leader", "peers", len(n.embedded.Server().JetStreamClusterPeers()))
+		n.log.Info("jetstream cluster has a meta leader")
 	}
 	assets := DefaultAssets(names, s.replicas)
 	if err := n.provision(ctx, js, assets); err != nil {
