@@ -382,6 +382,8 @@ func startSecuredCluster(t *testing.T) *securedCluster {
 		if name != "w" {
 			c.Pairs = []PairMember{{PairFile: pf, Procedures: recordedProcedures()}}
 		}
+		// The stream leaders on the witness, as docs/operations.md advises.
+		c.Assets.PreferredLeader = "w"
 		if name == "b" {
 			c.Agent = &AgentSection{ID: "b", ObserveInterval: "200ms"}
 			c.Libvirt.Driver = "/bin/true" // any executable: no libvirt resource runs
