@@ -349,8 +349,6 @@ func violationsLogged(rec *logRecorder) []string {
 	return out
 }
 
-func fmtSubjects(subjects ...string) string { return fmt.Sprint(subjects) }
-
 // securedCluster is three Serve nodes clustered over mutual TLS with
 // nkey identities: a and b host the pair pg (a preferred), w is a witness.
 type securedCluster struct {
