@@ -17,11 +17,11 @@ import (
 //
 //   - a node writes the register, config (published when absent) and its
 //     sites' heartbeats of the pairs it hosts, their events, its agent's
-//     actual-state, presence and events; it provisions and reads the
-//     assets, and answers its agent's device commands;
+//     actual-state, presence and events; it creates (not changes) and
+//     reads the assets, and answers its agent's device commands;
 //   - an operator writes the rules, switchover, pause and failover
 //     requests of any pair, any agent's desired state, sends device
-//     commands, and reads;
+//     commands, changes the assets' settings, and reads;
 //   - a reader reads.
 //
 // Nobody may delete a stream or purge or delete its messages through the
@@ -145,6 +145,9 @@ func (a permAssets) operator(key string) *server.Permissions {
 		pub = append(pub, a.failover+k)
 	}
 	pub = append(pub, a.fleet+agent.DesiredKey("*"), agent.CommandSubject("*", "*"))
+	for _, st := range a.streams { // the asset changes the nodes leave to an operator
+		pub = append(pub, "$JS.API.STREAM.UPDATE."+st)
+	}
 	return &server.Permissions{
 		Publish:   &server.SubjectPermission{Allow: pub, Deny: deniedToAll},
 		Subscribe: &server.SubjectPermission{Allow: inboxes(key)},
@@ -157,8 +160,11 @@ const commandReplyWindow = time.Minute
 
 func (a permAssets) node(name string, id NodeIdentity) *server.Permissions {
 	pub := a.readSet()
-	for _, st := range a.streams { // provisioning, and the preferred leader's keeper
-		pub = append(pub, "$JS.API.STREAM.CREATE."+st, "$JS.API.STREAM.UPDATE."+st, "$JS.API.STREAM.LEADER.STEPDOWN."+st)
+	// Provisioning creates the assets (ProvisionCreateOnly: an update may
+	// shorten a stream's history to nothing, so it is the operator's), and
+	// the preferred leader's keeper moves their leaders.
+	for _, st := range a.streams {
+		pub = append(pub, "$JS.API.STREAM.CREATE."+st, "$JS.API.STREAM.LEADER.STEPDOWN."+st)
 	}
 	sites := id.Sites
 	if len(sites) == 0 {

@@ -215,9 +215,24 @@ const (
 // Created (its run is named in the stream metadata "understudy.created_by"),
 // the others compare against it.
 func Provision(ctx context.Context, js jetstream.JetStream, assets []Asset, log *slog.Logger) (Provisioned, error) {
+	return provision(ctx, js, assets, true, log)
+}
+
+// ProvisionCreateOnly is Provision for an identity that may create the
+// assets but not change them (a node under a security section: a stream
+// update can also shorten its history to nothing): every change Provision
+// would apply is reported Refused instead, for an operator to make.
+func ProvisionCreateOnly(ctx context.Context, js jetstream.JetStream, assets []Asset, log *slog.Logger) (Provisioned, error) {
+	return provision(ctx, js, assets, false, log)
+}
+
+// refusedToNodes is why a secured node leaves a change to an operator.
+const refusedToNodes = "a node of a secured deployment creates the assets but may not change them: an operator changes the stream (nats stream edit, as an operator identity; docs/operations.md)"
+
+func provision(ctx context.Context, js jetstream.JetStream, assets []Asset, mayUpdate bool, log *slog.Logger) (Provisioned, error) {
 	var p Provisioned
 	for _, a := range assets {
-		r, err := provisionOne(ctx, js, a)
+		r, err := provisionOne(ctx, js, a, mayUpdate)
 		if err != nil {
 			return p, &ProvisionError{Kind: a.Kind, Name: a.Name, Err: err}
 		}
@@ -234,7 +249,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, assets []Asset, log 
 	return p, nil
 }
 
-func provisionOne(ctx context.Context, js jetstream.JetStream, a Asset) (AssetReport, error) {
+func provisionOne(ctx context.Context, js jetstream.JetStream, a Asset, mayUpdate bool) (AssetReport, error) {
 	if err := a.check(); err != nil {
 		return AssetReport{}, fmt.Errorf("%w: %w", ErrInvalidAsset, err)
 	}
@@ -265,8 +280,11 @@ func provisionOne(ctx context.Context, js jetstream.JetStream, a Asset) (AssetRe
 			continue
 		}
 		ch := Change{Field: s.field, Current: c, Wanted: w}
-		if s.refuse != "" {
+		if s.refuse != "" || !mayUpdate {
 			ch.Reason = s.refuse
+			if ch.Reason == "" {
+				ch.Reason = refusedToNodes
+			}
 			r.Refused = append(r.Refused, ch)
 			continue
 		}

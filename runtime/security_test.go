@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/big"
 	"net"
 	"os"
@@ -556,6 +557,12 @@ func TestSecuredCluster(t *testing.T) {
 		} {
 			op.publishAllowed(t, subj)
 		}
+		// The operator changes the assets' settings (here: to the same).
+		if st, err := op.js.Stream(ctx, "KV_"+names.FailoverBucket); err != nil {
+			t.Error(err)
+		} else if _, err := op.js.UpdateStream(ctx, st.CachedInfo().Config); err != nil {
+			t.Errorf("operator's stream update: %v", err)
+		}
 		// A device command to the node's agent, and its answer.
 		sub, err := node.nc.Subscribe("device-commands.a.*", func(m *nats.Msg) { _ = m.Respond([]byte("pong")) })
 		if err != nil {
@@ -676,6 +683,7 @@ func TestSecuredCluster(t *testing.T) {
 				fl + "actual-state.a", fl + "presence.a", "ev.agent.a.x", // another agent's
 				"ev.failover.pg.a", "ev.procedure.pg.a", "ev.host.pg.a", // another member's events
 				"device-commands.a.x",
+				"$JS.API.STREAM.UPDATE.KV_" + names.FailoverBucket, // an update can shorten history to nothing
 			},
 			"w": { // a witness: no pair, no agent
 				fb + "pg.leader", fb + "pg.hb.w", fb + "pg.config", fl + "actual-state.w", fl + "presence.w", "ev.agent.w.x",
@@ -1005,5 +1013,36 @@ func TestSecuredNodeConfigRefusals(t *testing.T) {
 			}
 			t.Errorf("errors %v: want field %s with a rule containing %q", err, tc.field, tc.rule)
 		})
+	}
+}
+
+// A secured node creates the assets but leaves every change of their
+// settings to an operator: it reports them refused, saying so.
+func TestProvisionCreateOnlyLeavesChangesToOperators(t *testing.T) {
+	es := startEmbedded(t, slog.New(slog.DiscardHandler))
+	js, err := jetstream.New(connectTo(t, es.ClientURL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	log := slog.New(slog.DiscardHandler)
+	assets := DefaultAssets(DefaultConfig().Assets, 1)
+	p, err := ProvisionCreateOnly(ctx, js, assets, log)
+	if err != nil || p.Assets[0].Outcome != Created {
+		t.Fatalf("first run: %v %v", p, err)
+	}
+	assets[0].History = 32
+	p, err = ProvisionCreateOnly(ctx, js, assets, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := p.Assets[0]
+	if r.Outcome != Unchanged || len(r.Refused) != 1 || r.Refused[0].Field != "history" || !strings.Contains(r.Refused[0].Reason, "an operator changes the stream") {
+		t.Errorf("report %+v", r)
+	}
+	st, err := js.Stream(ctx, assets[0].StreamName())
+	if err != nil || st.CachedInfo().Config.MaxMsgsPerSubject != 64 {
+		t.Errorf("history changed: %v", err)
 	}
 }

@@ -241,7 +241,12 @@ func (n *node) provision(ctx context.Context, js jetstream.JetStream, assets []A
 	started := time.Now()
 	for attempt := 1; ; attempt++ {
 		pctx, cancel := context.WithTimeout(ctx, provisionTimeout)
-		p, err := Provision(pctx, js, assets, n.log)
+		provision := Provision
+		if n.s.security != nil && n.s.embedded {
+			// Its permissions let it create the assets, not change them.
+			provision = ProvisionCreateOnly
+		}
+		p, err := provision(pctx, js, assets, n.log)
 		cancel()
 		var perr *ProvisionError
 		errors.As(err, &perr)
