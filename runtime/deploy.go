@@ -462,6 +462,11 @@ func (d *deployer) node(n DeployNode, sec *SecuritySection) error {
 			}
 		}
 		c.NATS.Server.Cluster = cl
+		// The stream leaders stay on the (first) witness, so that losing a
+		// pair's site never waits for a JetStream leader election.
+		if i := slices.IndexFunc(d.spec.Nodes, func(n DeployNode) bool { return n.Witness }); i >= 0 {
+			c.Assets.PreferredLeader = d.spec.Nodes[i].Name
+		}
 	}
 	if d.spec.Agents && !n.Witness {
 		c.Agent = &AgentSection{ID: n.Name}

@@ -128,6 +128,9 @@ func TestDeployThreeSites(t *testing.T) {
 		if cl == nil || cl.Name != DefaultDeployCluster || len(cl.Routes) != 2 || cl.TLS != (ServerTLS{}) || c.NATS.Server.TLS.CA == "" {
 			t.Errorf("%s: cluster %+v", n.Name, cl)
 		}
+		if c.Assets.PreferredLeader != "witness" {
+			t.Errorf("%s: preferred_leader %q, want the witness", n.Name, c.Assets.PreferredLeader)
+		}
 		if c.DataDir != filepath.Join(n.Dir, "data") {
 			t.Errorf("%s: data_dir %q", n.Name, c.DataDir)
 		}
@@ -525,7 +528,8 @@ func TestDeployedThreeSitesServe(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if st, err := kv.Status(ctx); err != nil || st.(*jetstream.KeyValueBucketStatus).StreamInfo().Config.Replicas != 3 {
+		st, err := kv.Status(ctx)
+		if err != nil || st.(*jetstream.KeyValueBucketStatus).StreamInfo().Config.Replicas != 3 {
 			return fmt.Errorf("the failover bucket is not at R3: %v", err)
 		}
 		e, err := kv.Get(ctx, failover.LeaderKey("pg-main"))
@@ -538,6 +542,9 @@ func TestDeployedThreeSitesServe(t *testing.T) {
 		}
 		if l.Site != "site-a" || l.Fenced {
 			return fmt.Errorf("leader %+v", l)
+		}
+		if leader := st.(*jetstream.KeyValueBucketStatus).StreamInfo().Cluster.Leader; leader != "witness" {
+			return fmt.Errorf("the failover bucket's leader is %s, not the witness", leader)
 		}
 		return nil
 	})
