@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"math/big"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -172,7 +173,7 @@ func (d *testDeployment) clusterConfigs(t *testing.T, names []string, edit func(
 	t.Helper()
 	sites := make([]*testSite, len(names))
 	for i, n := range names {
-		sites[i] = &testSite{name: n, clientPort: freePort(t), clusterPort: freePort(t)}
+		sites[i] = &testSite{name: n, clientPort: unusedPort(t), clusterPort: unusedPort(t)}
 	}
 	for _, s := range sites {
 		id := d.ids[s.name]
@@ -197,6 +198,54 @@ func (d *testDeployment) clusterConfigs(t *testing.T, names []string, edit func(
 		s.cfg = c
 	}
 	return sites
+}
+
+// unusedPort returns a port on 127.0.0.1 where nothing listens, below the
+// kernel's ephemeral range: the ports of a cluster must be known before
+// its servers start, and one from the ephemeral range (freePort) may be
+// handed to another test's listener or dial meanwhile.
+func unusedPort(t *testing.T) int {
+	t.Helper()
+	for range 100 {
+		port := 20000 + mrand.IntN(12000)
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err != nil {
+			continue
+		}
+		if err := ln.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return port
+	}
+	t.Fatal("no unused port in 20000..31999")
+	return 0
+}
+
+// waitReady waits for a node's "ready" line, failing at once if Serve
+// returned instead.
+func (s *testSite) waitReady(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	ready := make(chan struct{})
+	go func() {
+		defer close(ready)
+		deadline := time.Now().Add(timeout)
+		for len(s.serving.rec.matching("ready")) == 0 && time.Now().Before(deadline) {
+			select {
+			case <-s.serving.done:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	<-ready
+	select {
+	case <-s.serving.done:
+		t.Fatalf("%s: Serve returned before ready: %v", s.name, s.serving.err)
+	default:
+	}
+	if len(s.serving.rec.matching("ready")) == 0 {
+		t.Fatalf("%s: not ready within %s", s.name, timeout)
+	}
 }
 
 // asyncErrors collects a connection's asynchronous errors: how nats.go
@@ -393,7 +442,7 @@ func startSecuredCluster(t *testing.T) *securedCluster {
 		s.serving = startServe(t, s.cfg)
 	}
 	for _, s := range sites {
-		s.serving.rec.waitFor(t, "ready", 1, 60*time.Second)
+		s.waitReady(t, 60*time.Second)
 	}
 	return sc
 }
@@ -780,7 +829,7 @@ func TestSecuredCluster(t *testing.T) {
 			}
 			op.nc.Close()
 			down.serving = startServe(top, down.cfg)
-			down.serving.rec.waitFor(t, "ready", 1, 60*time.Second)
+			down.waitReady(t, 60*time.Second)
 			sc.waitCurrent(t)
 		}
 		for _, s := range sc.sites {
