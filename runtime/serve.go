@@ -199,7 +199,7 @@ func (n *node) run(ctx context.Context) error {
 		defer ag.Stop()
 	}
 	role := "node"
-	if host == nil {
+	if host == nil && s.server.cluster != nil {
 		// No pair and no agent: it holds a replica of the assets and
 		// counts in the cluster's quorum, nothing more.
 		role = "witness"
