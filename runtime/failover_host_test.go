@@ -507,7 +507,7 @@ func TestHostShutdownHandsOver(t *testing.T) {
 	if release < 0 {
 		t.Fatalf("no none-with-handoff revision in the register's history: %v", hist)
 	}
-	if release+1 >= len(hist) || hist[release+1].Value != (failover.Leader{Site: r.Replica, Term: 2}) {
+	if next := hist[min(release+1, len(hist)-1)].Value; release+1 >= len(hist) || next.Site != r.Replica || next.Term != 2 || next.Beat != 0 || next.By != r.Replica {
 		t.Errorf("after the release %v: %v, want %s term 2 beat 0 next", hist[release], hist[release+1:], r.Replica)
 	}
 	for _, l := range hist[:release] {

@@ -59,6 +59,10 @@ type HostOptions struct {
 	LibvirtDriver libvirt.DriverConfig
 	Observe       func(Transition) // see MemberDeps.Observe
 	Metrics       *MemberMetrics   // see MemberDeps.Metrics
+	// Trust signs and verifies register values (NewValueTrust); nil: the
+	// deployment has no security section. Members added later (AddMember,
+	// the agent's postgres-pair kind) use it too.
+	Trust *ValueTrust
 }
 
 // Host runs pair members as hollywood actors on one NATS connection, and
@@ -76,6 +80,7 @@ type Host struct {
 	drivers procedure.Drivers
 	lvcfg   libvirt.DriverConfig
 	observe func(Transition)
+	trust   *ValueTrust
 
 	mu       sync.Mutex
 	slots    []*memberSlot
@@ -269,7 +274,7 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 		return nil, fmt.Errorf("runtime: actor engine: %w", err)
 	}
 	h := &Host{engine: engine, Log: evlog, KV: kv, logger: logger, metrics: opts.Metrics,
-		lvcfg: opts.LibvirtDriver, observe: opts.Observe, adding: map[string]bool{}}
+		lvcfg: opts.LibvirtDriver, observe: opts.Observe, trust: opts.Trust, adding: map[string]bool{}}
 	h.drivers = opts.Drivers
 	if h.drivers == nil {
 		h.libvirt = libvirt.NewDriverProcess(opts.LibvirtDriver, logger)
@@ -298,7 +303,7 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 
 func (h *Host) newSlot(mc MemberConfig, closer io.Closer) *memberSlot {
 	sl := &memberSlot{cfg: mc, deps: MemberDeps{Log: h.Log, KV: h.KV, Drivers: h.drivers, Logger: h.logger, Observe: h.observe, Metrics: h.metrics,
-		Snapshot: &MemberSnapshotter{}}}
+		Snapshot: &MemberSnapshotter{}, Trust: h.trust}}
 	if closer != nil {
 		sl.closer = &onceCloser{c: closer}
 	}

@@ -72,6 +72,9 @@ type MemberDeps struct {
 	// Snapshot, when set, receives the member's state after every step
 	// (for the node's HTTP endpoints: /primary, /replica).
 	Snapshot *MemberSnapshotter
+	// Trust signs the member's register writes and verifies every register
+	// value it reads; nil: neither (no security section).
+	Trust *ValueTrust
 }
 
 // MemberSnapshot is a member's state as its node's HTTP endpoints report
@@ -169,6 +172,16 @@ type memberActor struct {
 	fed        map[string]uint64 // the pair's keys: the latest revision of each handed over (under feedMu)
 	watched    bool              // a watch delivered its initial values (under feedMu)
 	bridging   atomic.Bool       // the watch lags: read the pair's keys directly (bridge)
+	// Under feedMu: session numbers the watches (one per Watch); regSession
+	// is the session that handed over the latest register entry (0: a
+	// direct read did), and genuine the latest genuine entry handed over
+	// then (failover.LeaderEntry.Genuine): within one session the watch
+	// skips no revision, so it is exact without reading the history.
+	session    uint64
+	regSession uint64
+	genuine    *failover.LeaderEntry
+	// forgedRev: the latest register revision logged as not genuine (mu).
+	forgedRev uint64
 }
 
 // stop ends the member for good (its host may start a new one) and tells
@@ -439,7 +452,8 @@ func transitionLevel(ev events.Event) slog.Level {
 	switch ev.(type) {
 	case *failover.HeartbeatFailed, *failover.FenceRequested, *failover.FenceFailed, *failover.PromoteFailed,
 		*failover.DemoteFailed, *failover.LeadershipLost, *failover.ConfigRejected, *failover.PromotionRejected,
-		*failover.AcquireFailed, *failover.SwitchoverRejected, *failover.ManualFailoverRejected, *failover.AutomationPaused:
+		*failover.AcquireFailed, *failover.SwitchoverRejected, *failover.ManualFailoverRejected, *failover.AutomationPaused,
+		*failover.ForgedValueIgnored:
 		return slog.LevelWarn
 	case *failover.Started, *failover.Fenced, *failover.Promoted, *failover.Resumed, *failover.Unfenced,
 		*failover.ServingStarted, *failover.HeartbeatRecovered, *failover.DemotionRequested, *failover.Demoted,
@@ -458,6 +472,16 @@ func (a *memberActor) handle(r failover.Ready) {
 	a.deps.Metrics.observe(a.cfg.Rules.Pair, a.cfg.Site, a.m, r.Events)
 	a.app.add(r.Events...)
 	for _, w := range r.Writes {
+		if a.deps.Trust != nil && w.Key == failover.LeaderKey(a.cfg.Rules.Pair) {
+			v, err := a.deps.Trust.Sign(a.cfg.Site, w.Leader)
+			if err != nil {
+				// Unsigned, it would count for nobody: the member counts the
+				// write as failed at its deadline, as any write lost.
+				a.log.Error("register write not signed, not written", "kind", w.Kind.String(), "err", err)
+				continue
+			}
+			w.Value = v
+		}
 		go a.write(w)
 	}
 	for _, p := range r.Procedures {
@@ -506,6 +530,7 @@ func (a *memberActor) write(w failover.Write) {
 				if derr != nil {
 					le = a.corruptLeader(gctx, e, derr)
 				}
+				le = a.judgedRead(gctx, le, e.Value)
 				res.Current = &le
 			}
 			gcancel()
@@ -523,6 +548,10 @@ func (a *memberActor) watch() {
 	a.publishRules()
 	for a.ctx.Err() == nil {
 		w, err := a.deps.KV.Watch(a.ctx, pattern, events.WatchOptions{})
+		a.feedMu.Lock()
+		a.session++
+		session := a.session
+		a.feedMu.Unlock()
 		if err != nil {
 			if a.ctx.Err() != nil {
 				return
@@ -537,7 +566,7 @@ func (a *memberActor) watch() {
 			continue
 		}
 		backoff = 100 * time.Millisecond
-		a.follow(w)
+		a.follow(w, session)
 		_ = w.Stop()
 	}
 }
@@ -550,7 +579,7 @@ func (a *memberActor) watch() {
 // the caller watches afresh. A fresh watch delivers the current value of
 // every key first: what was delivered already is skipped, so the member
 // sees every revision once, in order.
-func (a *memberActor) follow(w events.Watcher) {
+func (a *memberActor) follow(w events.Watcher, session uint64) {
 	check := time.NewTicker(a.cfg.Rules.HeartbeatTimeout / 2)
 	defer check.Stop()
 	for {
@@ -573,7 +602,7 @@ func (a *memberActor) follow(w events.Watcher) {
 				}
 				continue
 			}
-			a.feed(e)
+			a.feed(e, session)
 		case <-check.C:
 			if w, lagging := a.oldestUndelivered(); lagging {
 				a.log.Warn("kv watch lags behind acknowledged writes; watching afresh, and reading the pair's keys directly meanwhile",
@@ -591,7 +620,8 @@ func (a *memberActor) follow(w events.Watcher) {
 // latest revision of its key handed over (by the watch or a direct read)
 // is skipped, so the member sees each key's revisions in order, each once.
 // Per key: direct reads of several keys do not come in revision order.
-func (a *memberActor) feed(e events.Entry) {
+// session is the watch's that delivered it (0: a direct read).
+func (a *memberActor) feed(e events.Entry, session uint64) {
 	a.feedMu.Lock()
 	defer a.feedMu.Unlock()
 	if a.fed == nil {
@@ -610,7 +640,7 @@ func (a *memberActor) feed(e events.Entry) {
 	if e.Revision > a.delivered.Load() {
 		a.delivered.Store(e.Revision)
 	}
-	if in := a.input(e); in != nil {
+	if in := a.input(e, session); in != nil {
 		a.engine.Send(a.pid, memberInput{in})
 	}
 }
@@ -664,7 +694,7 @@ func (a *memberActor) bridge() {
 		slices.SortFunc(got, func(x, y events.Entry) int { return cmp.Compare(x.Revision, y.Revision) })
 		for _, e := range got {
 			if e.Revision != 0 {
-				a.feed(e)
+				a.feed(e, 0)
 			}
 		}
 	}
@@ -705,19 +735,112 @@ func (a *memberActor) lagLimit() time.Duration { return a.cfg.Rules.HeartbeatTim
 // or a heartbeat or switchover value that does not decode, which is logged
 // with its key and revision and never reaches the member). A register
 // value that does not decode reaches the member as a register nobody
-// holds (failover.LeaderEntry.Corrupt).
-func (a *memberActor) input(e events.Entry) failover.Input {
+// holds (failover.LeaderEntry.Corrupt); every register value is judged
+// (judged). feedMu is held; session as for feed.
+func (a *memberActor) input(e events.Entry, session uint64) failover.Input {
 	in, err := failover.InputOf(a.cfg.Rules.Pair, e)
-	if err == nil {
+	lo, leader := in.(failover.LeaderObserved)
+	if err != nil && !leader {
+		a.log.Error("KV value of the pair does not decode, ignored", "key", e.Key, "revision", e.Revision, "err", err)
 		return in
 	}
-	if _, ok := in.(failover.LeaderObserved); ok {
-		ctx, cancel := context.WithTimeout(a.ctx, 2*time.Second)
-		defer cancel()
-		return failover.LeaderObserved{Entry: a.corruptLeader(ctx, e, err)}
+	if !leader {
+		return in
 	}
-	a.log.Error("KV value of the pair does not decode, ignored", "key", e.Key, "revision", e.Revision, "err", err)
-	return in
+	ctx, cancel := context.WithTimeout(a.ctx, 2*time.Second)
+	defer cancel()
+	if err != nil {
+		lo.Entry = a.corruptLeader(ctx, e, err)
+	}
+	lo.Entry = a.judged(ctx, lo.Entry, e.Value, session)
+	return lo
+}
+
+// judged returns register entry le, stored as raw and handed over by
+// feed, as the member must see it: Forged when its signature does not
+// verify (with a Trust), and, when failover.WantsGenuine, with the latest
+// genuine entry before it — from what the same watch session handed over
+// (session != 0), else from the key's history. feedMu is held.
+func (a *memberActor) judged(ctx context.Context, le failover.LeaderEntry, raw []byte, session uint64) failover.LeaderEntry {
+	a.judge(&le, raw)
+	contiguous := session != 0 && a.regSession == session
+	if failover.WantsGenuine(le) {
+		if contiguous {
+			le.Genuine = a.genuine
+		} else {
+			le.Genuine = a.genuineBefore(ctx, le.Rev)
+		}
+	}
+	switch {
+	case session == 0:
+		a.regSession = 0 // a direct read may have skipped revisions
+		return le
+	case genuineCandidate(le):
+		g := le
+		g.Genuine = nil
+		a.genuine = &g
+	case !contiguous:
+		a.genuine = le.Genuine
+	}
+	a.regSession = session
+	return le
+}
+
+// judgedRead is judged for a register read directly (after a conflict),
+// which no watch session vouches for: the genuine entry before it comes
+// from the history.
+func (a *memberActor) judgedRead(ctx context.Context, le failover.LeaderEntry, raw []byte) failover.LeaderEntry {
+	a.judge(&le, raw)
+	if failover.WantsGenuine(le) {
+		le.Genuine = a.genuineBefore(ctx, le.Rev)
+	}
+	return le
+}
+
+// judge sets le.Forged (ValueTrust.Judge) and logs a value that is not
+// genuine once per revision, with why.
+func (a *memberActor) judge(le *failover.LeaderEntry, raw []byte) {
+	why := a.deps.Trust.Judge(le, raw)
+	if why == nil {
+		return
+	}
+	a.mu.Lock()
+	first := le.Rev > a.forgedRev
+	a.forgedRev = max(a.forgedRev, le.Rev)
+	a.mu.Unlock()
+	if first {
+		a.log.Warn("register value not genuine: no member takes it for a member's write", "revision", le.Rev,
+			"value", le.Value.String(), "by", le.Value.By, "why", why)
+	}
+}
+
+// genuineCandidate: a register entry that can stand as LeaderEntry.Genuine.
+func genuineCandidate(le failover.LeaderEntry) bool {
+	return !le.Forged && !le.Corrupt && !le.Value.ForAnother()
+}
+
+// genuineBefore reads the latest genuine entry of the register's history
+// below rev (nil: none, or the history cannot be read).
+func (a *memberActor) genuineBefore(ctx context.Context, rev uint64) *failover.LeaderEntry {
+	hist, err := a.deps.KV.History(ctx, failover.LeaderKey(a.cfg.Rules.Pair))
+	if err != nil {
+		a.log.Warn("register history not readable: a value no member wrote comes without the genuine one before it", "revision", rev, "err", err)
+		return nil
+	}
+	for i := len(hist) - 1; i >= 0; i-- {
+		e := hist[i]
+		if e.Revision >= rev || e.Op != events.OpPut {
+			continue
+		}
+		le, err := failover.LeaderEntryOf(e, 0)
+		if err != nil {
+			continue
+		}
+		if a.deps.Trust.Judge(&le, e.Value) == nil && genuineCandidate(le) {
+			return &le
+		}
+	}
+	return nil
 }
 
 // corruptLeader reports a register value that does not decode, once per

@@ -182,7 +182,13 @@ func (n *node) run(ctx context.Context) error {
 	}
 	var host *Host
 	if len(s.members) > 0 || s.agent != nil { // the agent's postgres-pair kind adds members to it
-		host, err = StartHost(ctx, js, s.eventsStream, s.failoverBucket, s.members, HostOptions{Logger: n.log, Metrics: n.metrics.members, LibvirtDriver: s.libvirtDriver})
+		// With a security section the members sign their register writes
+		// with the node's nkey and verify everyone's (trust.go).
+		trust, terr := NewValueTrust(s.security, s.node, s.nkeyFile)
+		if terr != nil {
+			return terr
+		}
+		host, err = StartHost(ctx, js, s.eventsStream, s.failoverBucket, s.members, HostOptions{Logger: n.log, Metrics: n.metrics.members, LibvirtDriver: s.libvirtDriver, Trust: trust})
 		if err != nil {
 			return fmt.Errorf("runtime: members: %w", err)
 		}
