@@ -409,6 +409,10 @@ func TestFastDecodersAgree(t *testing.T) {
 			Term: rapid.Uint64().Draw(t, "term"), Beat: rapid.Uint64().Draw(t, "beat"),
 			Handoff: rapid.SampledFrom([]string{"", "site-a", "x"}).Draw(t, "handoff"),
 			Fenced:  rapid.Bool().Draw(t, "fenced"), Planned: rapid.Bool().Draw(t, "planned"),
+			By:      rapid.SampledFrom([]string{"", "site-a", "b"}).Draw(t, "by"),
+		}
+		if rapid.Bool().Draw(t, "signed") {
+			l.Sig = rapid.SliceOfN(rapid.Byte(), 1, 80).Draw(t, "sig")
 		}
 		b := failover.EncodeLeader(l)
 		fast, ok := f.decodeLeaderFast(b)
@@ -420,7 +424,7 @@ func TestFastDecodersAgree(t *testing.T) {
 			t.Fatal(err)
 		}
 		if f.siteOf(fast.site) != slow.Site || f.siteOf(fast.handoff) != slow.Handoff || fast.term != slow.Term || fast.beat != slow.Beat ||
-			fast.fenced != slow.Fenced || fast.planned != slow.Planned {
+			fast.fenced != slow.Fenced || fast.planned != slow.Planned || fast.forAnother != slow.ForAnother() {
 			t.Fatalf("fast %+v, slow %+v", fast, slow)
 		}
 		hb := failover.Heartbeat{Site: rapid.SampledFrom([]string{"site-a", "b"}).Draw(t, "hsite"), Beat: rapid.Uint64().Draw(t, "hbeat"),
