@@ -24,7 +24,7 @@ func TestForgedRegisterValuesAreLeftOut(t *testing.T) {
 	h.takeover(15100*time.Millisecond, last, 5100*time.Millisecond, 20*time.Second)
 	// Signed by site-b, naming site-a: nobody recorded it (site-b's member
 	// was down, say), the record alone tells it apart.
-	h.at(17500*time.Millisecond).leader(failover.Leader{Site: "site-a", Term: 1, Beat: 40, By: "site-b"})
+	h.at(17500 * time.Millisecond).leader(failover.Leader{Site: "site-a", Term: 1, Beat: 40, By: "site-b"})
 	r := foldAll(t, "pg-main", h.recs)
 	if len(r.Failovers) != 1 || r.Failovers[0].From != "site-a" || r.Failovers[0].To != "site-b" {
 		t.Fatalf("failovers %+v, want site-a to site-b once", r.Failovers)
