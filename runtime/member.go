@@ -473,7 +473,7 @@ func (a *memberActor) handle(r failover.Ready) {
 	a.app.add(r.Events...)
 	for _, w := range r.Writes {
 		if a.deps.Trust != nil && w.Key == failover.LeaderKey(a.cfg.Rules.Pair) {
-			v, err := a.deps.Trust.Sign(a.cfg.Site, w.Leader)
+			v, err := a.deps.Trust.Sign(a.cfg.Rules.Pair, a.cfg.Site, w.Leader)
 			if err != nil {
 				// Unsigned, it would count for nobody: the member counts the
 				// write as failed at its deadline, as any write lost.
@@ -800,7 +800,7 @@ func (a *memberActor) judgedRead(ctx context.Context, le failover.LeaderEntry, r
 // judge sets le.Forged (ValueTrust.Judge) and logs a value that is not
 // genuine once per revision, with why.
 func (a *memberActor) judge(le *failover.LeaderEntry, raw []byte) {
-	why := a.deps.Trust.Judge(le, raw)
+	why := a.deps.Trust.Judge(a.cfg.Rules.Pair, le, raw)
 	if why == nil {
 		return
 	}
@@ -836,7 +836,7 @@ func (a *memberActor) genuineBefore(ctx context.Context, rev uint64) *failover.L
 		if err != nil {
 			continue
 		}
-		if a.deps.Trust.Judge(&le, e.Value) == nil && genuineCandidate(le) {
+		if a.deps.Trust.Judge(a.cfg.Rules.Pair, &le, e.Value) == nil && genuineCandidate(le) {
 			return &le
 		}
 	}

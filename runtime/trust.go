@@ -88,7 +88,7 @@ func nodeSites(name string, id NodeIdentity) []string {
 // site, Sig to the signature. A nil trust returns EncodeLeader(l)
 // unchanged. site must be one of this node's sites (its members run
 // nothing else): a value signed for another would not verify anywhere.
-func (t *ValueTrust) Sign(site string, l failover.Leader) ([]byte, error) {
+func (t *ValueTrust) Sign(pair, site string, l failover.Leader) ([]byte, error) {
 	if t == nil {
 		return failover.EncodeLeader(l), nil
 	}
@@ -96,7 +96,7 @@ func (t *ValueTrust) Sign(site string, l failover.Leader) ([]byte, error) {
 		return nil, fmt.Errorf("runtime: register signing: node %s does not run site %s (security.nodes.%s.sites: %s)", t.node, site, t.node, strings.Join(t.sites, ","))
 	}
 	l.By, l.Sig = site, nil
-	sig, err := t.kp.Sign(failover.EncodeLeader(l))
+	sig, err := t.kp.Sign(signedMessage(pair, failover.EncodeLeader(l)))
 	if err != nil {
 		return nil, fmt.Errorf("runtime: register signing: %w", err)
 	}
@@ -108,7 +108,7 @@ func (t *ValueTrust) Sign(site string, l failover.Leader) ([]byte, error) {
 // genuine (nil when it is): it names no writer, carries no signature, or
 // its signature does not verify against the key of any node that runs its
 // writer's site. A nil trust takes every value as genuine.
-func (t *ValueTrust) Verify(raw []byte, l failover.Leader) error {
+func (t *ValueTrust) Verify(pair string, raw []byte, l failover.Leader) error {
 	if t == nil {
 		return nil
 	}
@@ -126,7 +126,7 @@ func (t *ValueTrust) Verify(raw []byte, l failover.Leader) error {
 		return fmt.Errorf("it says %s wrote it, a site no node of security.nodes runs", l.By)
 	}
 	for _, k := range keys {
-		if k.Verify(msg, sig) == nil {
+		if k.Verify(signedMessage(pair, msg), sig) == nil {
 			return nil
 		}
 	}
@@ -135,16 +135,32 @@ func (t *ValueTrust) Verify(raw []byte, l failover.Leader) error {
 
 // Judge sets e.Forged when raw, the stored bytes of register entry e, is
 // not genuine (a value that does not decode cannot be), and returns why.
-func (t *ValueTrust) Judge(e *failover.LeaderEntry, raw []byte) error {
+func (t *ValueTrust) Judge(pair string, e *failover.LeaderEntry, raw []byte) error {
 	if t == nil {
 		return nil
 	}
 	err := errors.New("it does not decode as a register value")
 	if !e.Corrupt {
-		err = t.Verify(raw, e.Value)
+		err = t.Verify(pair, raw, e.Value)
 	}
 	e.Forged = err != nil
 	return err
+}
+
+// registerDomain starts every signed message: a signature a node key made
+// for anything else (a manifest, a NATS nonce) is never a register value's.
+const registerDomain = "understudy register value v1\x00"
+
+// signedMessage is what a register value's signature covers: the domain,
+// the pair's name and the value without its signature. The pair binds the
+// value to its register: a node that is a member of two pairs cannot
+// replay one pair's signed values into the other's register.
+func signedMessage(pair string, value []byte) []byte {
+	msg := make([]byte, 0, len(registerDomain)+len(pair)+1+len(value))
+	msg = append(msg, registerDomain...)
+	msg = append(msg, pair...)
+	msg = append(msg, 0)
+	return append(msg, value...)
 }
 
 // unsigned splits a register value into the bytes its signature covers —

@@ -51,7 +51,7 @@ func trustedPair(t *testing.T, pair string) (sec *SecuritySection, a, b *ValueTr
 func TestValueTrustSignsAndVerifies(t *testing.T) {
 	_, a, b := trustedPair(t, "p")
 	l := failover.Leader{Site: "site-a", Term: 3, Beat: 7, Flush: 42}
-	raw, err := a.Sign("site-a", l)
+	raw, err := a.Sign("pg", "site-a", l)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,11 +61,11 @@ func TestValueTrustSignsAndVerifies(t *testing.T) {
 	}
 	// Every node verifies every node's values.
 	for _, tr := range []*ValueTrust{a, b} {
-		if err := tr.Verify(raw, got); err != nil {
+		if err := tr.Verify("pg", raw, got); err != nil {
 			t.Errorf("genuine value refused: %v", err)
 		}
 	}
-	if _, err := a.Sign("site-b", l); err == nil || !strings.Contains(err.Error(), "does not run site site-b") {
+	if _, err := a.Sign("pg", "site-b", l); err == nil || !strings.Contains(err.Error(), "does not run site site-b") {
 		t.Errorf("node-a signed for site-b: %v", err)
 	}
 	bad := func(name string, raw []byte, want string) {
@@ -74,7 +74,7 @@ func TestValueTrustSignsAndVerifies(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		if err := b.Verify(raw, l); err == nil || !strings.Contains(err.Error(), want) {
+		if err := b.Verify("pg", raw, l); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want an error with %q", name, err, want)
 		}
 	}
@@ -84,7 +84,7 @@ func TestValueTrustSignsAndVerifies(t *testing.T) {
 	tampered.Beat++
 	bad("tampered", failover.EncodeLeader(tampered), "does not verify against the key of a node that runs site-a")
 	// Signed by node-b, claiming node-a's site.
-	stolen, _ := b.Sign("site-b", failover.Leader{Site: "site-a", Term: 3})
+	stolen, _ := b.Sign("pg", "site-b", failover.Leader{Site: "site-a", Term: 3})
 	sl, _ := failover.DecodeLeader(stolen)
 	sl.By = "site-a"
 	bad("signed by another node", failover.EncodeLeader(sl), "does not verify against the key of a node that runs site-a")
@@ -92,15 +92,15 @@ func TestValueTrustSignsAndVerifies(t *testing.T) {
 
 	// A garbage value is Forged with a trust, and not without one.
 	e := failover.LeaderEntry{Rev: 9, Corrupt: true}
-	if err := a.Judge(&e, []byte{0xc1}); err == nil || !e.Forged {
+	if err := a.Judge("pg", &e, []byte{0xc1}); err == nil || !e.Forged {
 		t.Errorf("corrupt value not forged: %+v %v", e, err)
 	}
 	var none *ValueTrust
 	e = failover.LeaderEntry{Rev: 9, Corrupt: true}
-	if err := none.Judge(&e, []byte{0xc1}); err != nil || e.Forged {
+	if err := none.Judge("pg", &e, []byte{0xc1}); err != nil || e.Forged {
 		t.Errorf("no trust, yet %+v %v", e, err)
 	}
-	if raw, err := none.Sign("site-a", l); err != nil || string(raw) != string(failover.EncodeLeader(l)) {
+	if raw, err := none.Sign("pg", "site-a", l); err != nil || string(raw) != string(failover.EncodeLeader(l)) {
 		t.Errorf("no trust signs: %v", err)
 	}
 	if tr, err := NewValueTrust(nil, "node-a", ""); tr != nil || err != nil {
@@ -126,7 +126,7 @@ func TestValueTrustVerifiesUnknownFields(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sig, err := a.kp.Sign(msg)
+	sig, err := a.kp.Sign(signedMessage("pg", msg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,8 +139,29 @@ func TestValueTrustVerifiesUnknownFields(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Verify(raw, l); err != nil {
+	if err := b.Verify("pg", raw, l); err != nil {
 		t.Fatalf("a value with a field unknown here does not verify: %v", err)
+	}
+}
+
+// A value signed for one pair's register does not verify in another's: a
+// node that is a member of both cannot replay one into the other.
+func TestValueTrustBindsThePair(t *testing.T) {
+	_, a, b := trustedPair(t, "p")
+	l := failover.Leader{Site: "site-a", Term: 4, Beat: 9}
+	raw, err := a.Sign("pg", "site-a", l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := failover.DecodeLeader(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Verify("pg", raw, got); err != nil {
+		t.Fatalf("the value does not verify in its own pair: %v", err)
+	}
+	if err := b.Verify("other", raw, got); err == nil {
+		t.Fatal("a value signed for pair pg verifies in pair other's register")
 	}
 }
 
@@ -234,7 +255,7 @@ func TestForgedValuesHaveNoEffect(t *testing.T) {
 	term := current().Term
 	put(key, failover.EncodeLeader(failover.Leader{Term: term, Handoff: r.Replica}))
 	tr.waitFor(t, r.Replica, "failover.forged_value_ignored", 1, 2*time.Second)
-	peer, err := trustB.Sign(r.Replica, failover.Leader{Term: term, Handoff: r.Replica})
+	peer, err := trustB.Sign(r.Pair, r.Replica, failover.Leader{Term: term, Handoff: r.Replica})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,7 +331,7 @@ func TestForgedValuesHaveNoEffect(t *testing.T) {
 	}
 	for _, e := range hist {
 		le, _ := failover.LeaderEntryOf(e, 0)
-		if le.Value.By != "" && trustA.Verify(e.Value, le.Value) == nil && le.Value.Site != "" && le.Value.By != le.Value.Site {
+		if le.Value.By != "" && trustA.Verify(r.Pair, e.Value, le.Value) == nil && le.Value.Site != "" && le.Value.By != le.Value.Site {
 			t.Errorf("revision %d: %v signed by %s", e.Revision, le.Value, le.Value.By)
 		}
 	}
