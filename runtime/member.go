@@ -866,15 +866,29 @@ func (a *memberActor) corruptLeader(ctx context.Context, e events.Entry, derr er
 	return le
 }
 
-// publishRules writes the pair file's rules to <pair>.config when the key
-// does not exist yet, so operators (status, switchover) see the rules in
-// force. An existing value — an operator's run-time tuning — is kept, and
-// reaches the member through the watch like any change.
+// publishRules makes the pair file's rules visible to operators (status,
+// switchover). Unsecured, it writes them to <pair>.config when the key does
+// not exist yet; an existing value — an operator's run-time tuning — is
+// kept, and reaches the member through the watch like any change. In a
+// secured deployment (a Trust) only operators may write <pair>.config, so
+// the member publishes them under its own <pair>.rules.<site> instead,
+// which no member applies.
 func (a *memberActor) publishRules() {
 	key := failover.ConfigKey(a.cfg.Rules.Pair)
+	write := func(ctx context.Context) error {
+		_, err := a.deps.KV.Create(ctx, key, failover.EncodeRules(a.cfg.Rules))
+		return err
+	}
+	if a.deps.Trust != nil {
+		key = failover.RulesKey(a.cfg.Rules.Pair, a.cfg.Site)
+		write = func(ctx context.Context) error {
+			_, err := a.deps.KV.Put(ctx, key, failover.EncodeRules(a.cfg.Rules))
+			return err
+		}
+	}
 	for attempt := 0; attempt < 20 && a.ctx.Err() == nil; attempt++ {
 		ctx, cancel := context.WithTimeout(a.ctx, 2*time.Second)
-		_, err := a.deps.KV.Create(ctx, key, failover.EncodeRules(a.cfg.Rules))
+		err := write(ctx)
 		cancel()
 		if err == nil || errors.Is(err, events.ErrConflict) {
 			return

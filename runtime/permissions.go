@@ -15,8 +15,8 @@ import (
 // them: each node, operator and reader an nkey user with the least
 // privilege that lets it do its job (docs/security.md lists them):
 //
-//   - a node writes the register, config (published when absent) and its
-//     sites' heartbeats of the pairs it hosts, their events, its agent's
+//   - a node writes the register and its sites' heartbeats and published
+//     rules (<pair>.rules.<site>, never the rules in force) of the pairs it hosts, their events, its agent's
 //     actual-state, presence and events; it creates (not changes) and
 //     reads the assets, and answers its agent's device commands;
 //   - an operator writes the rules, switchover, pause and failover
@@ -171,12 +171,13 @@ func (a permAssets) node(name string, id NodeIdentity) *server.Permissions {
 		sites = []string{name}
 	}
 	for _, p := range id.Pairs {
-		// The config is written by a member only when absent (create);
-		// NATS cannot tell a create from an update, so rules stay the
-		// operator's by convention and the member never overwrites them.
-		pub = append(pub, a.failover+failover.LeaderKey(p), a.failover+failover.ConfigKey(p))
+		// The rules in force (<pair>.config) are the operators' alone:
+		// NATS cannot tell a create from an update, so a member that may
+		// create them may change them. It publishes its pair file's under
+		// its own key instead (RulesKey), which no member applies.
+		pub = append(pub, a.failover+failover.LeaderKey(p))
 		for _, s := range sites {
-			pub = append(pub, a.failover+failover.HeartbeatKey(p, s),
+			pub = append(pub, a.failover+failover.HeartbeatKey(p, s), a.failover+failover.RulesKey(p, s),
 				failover.Subject(p, s), failover.HostSubject(p, s), procedure.Subject(p+"."+s))
 		}
 	}

@@ -561,7 +561,8 @@ func TestSecuredCluster(t *testing.T) {
 		waitKey(t, fkv, failover.LeaderKey(sc.pair), 20*time.Second)
 		waitKey(t, fkv, failover.HeartbeatKey(sc.pair, "a"), 10*time.Second)
 		waitKey(t, fkv, failover.HeartbeatKey(sc.pair, "b"), 10*time.Second)
-		waitKey(t, fkv, failover.ConfigKey(sc.pair), 10*time.Second)
+		waitKey(t, fkv, failover.RulesKey(sc.pair, "a"), 10*time.Second)
+		waitKey(t, fkv, failover.RulesKey(sc.pair, "b"), 10*time.Second)
 		fleet := reader.kv(t, names.FleetBucket)
 		waitKey(t, fleet, agent.PresenceKey("b"), 10*time.Second)
 		waitKey(t, fleet, agent.ActualKey("b"), 10*time.Second)
@@ -591,7 +592,7 @@ func TestSecuredCluster(t *testing.T) {
 	t.Run("each identity can do its job", func(t *testing.T) {
 		node := d.connectAs(t, "a", b.url()) // any server enforces the same permissions
 		for _, subj := range []string{
-			"$KV." + names.FailoverBucket + ".spare.leader", "$KV." + names.FailoverBucket + ".spare.config",
+			"$KV." + names.FailoverBucket + ".spare.leader", "$KV." + names.FailoverBucket + ".spare.rules.a",
 			"$KV." + names.FailoverBucket + ".spare.hb.a",
 			"ev.failover.spare.a", "ev.host.spare.a", "ev.procedure.spare.a", "ev.agent.a.x",
 			"$KV." + names.FleetBucket + ".actual-state.a", "$KV." + names.FleetBucket + ".presence.a",
@@ -726,7 +727,9 @@ func TestSecuredCluster(t *testing.T) {
 		refused := map[string][]string{
 			"b": { // hosts pg at site b, runs agent b
 				fb + "spare.leader", fb + "spare.config", fb + "spare.hb.b", // a pair it is not in
-				fb + "pg.hb.a",                                            // another member's heartbeat
+				fb + "pg.hb.a", fb + "pg.rules.a", // another member's heartbeat and published rules
+				fb + "pg.config", // the rules in force are the operators'
+
 				fb + "pg.switchover", fb + "pg.pause", fb + "pg.failover", // the operator's
 				fl + "desired-state.b", fl + "desired-state.a", // any desired state
 				fl + "actual-state.a", fl + "presence.a", "ev.agent.a.x", // another agent's

@@ -21,6 +21,12 @@ func HeartbeatKey(pair, site string) string { return pair + ".hb." + site }
 // ConfigKey holds the pair's rules; changing it tunes the pair at run time.
 func ConfigKey(pair string) string { return pair + ".config" }
 
+// RulesKey holds the rules a member runs from its node's pair file,
+// published by its node at start in a secured deployment, where only
+// operators may write ConfigKey: status and the CLI read it while the pair
+// has no ConfigKey. Members never apply it; ConfigKey is the rules in force.
+func RulesKey(pair, site string) string { return pair + ".rules." + site }
+
 // SwitchoverKey holds the latest operator switchover request.
 func SwitchoverKey(pair string) string { return pair + ".switchover" }
 

@@ -54,9 +54,12 @@ func newConfigGetCmd(stdout io.Writer) *cobra.Command {
 			if asJSON {
 				enc := json.NewEncoder(stdout)
 				enc.SetIndent("", "  ")
-				return enc.Encode(map[string]any{"pair": pair, "rev": e.Revision, "written": e.Time, "rules": runtime.PairFileOf(r)})
+				return enc.Encode(map[string]any{"pair": pair, "key": e.Key, "rev": e.Revision, "written": e.Time, "rules": runtime.PairFileOf(r)})
 			}
-			fmt.Fprintf(stdout, "# %s revision %d, written %s (server time)\n", failover.ConfigKey(pair), e.Revision, e.Time.Format(time.RFC3339Nano))
+			fmt.Fprintf(stdout, "# %s revision %d, written %s (server time)\n", e.Key, e.Revision, e.Time.Format(time.RFC3339Nano))
+			if e.Key != failover.ConfigKey(pair) {
+				fmt.Fprintf(stdout, "# no %s yet: the rules of the members' pair file, as a member published them\n", failover.ConfigKey(pair))
+			}
 			out, err := yaml.Marshal(runtime.PairFileOf(r))
 			if err != nil {
 				return err

@@ -251,9 +251,18 @@ func (f *natsFlags) connect(ctx context.Context) (*nats.Conn, events.KV, error) 
 	return nc, kv, nil
 }
 
-// readRules reads the pair's rules in force from <pair>.config.
+// readRules reads the pair's rules in force from <pair>.config. A pair of
+// a secured deployment has none until an operator writes them: its members
+// then run their pair files' rules, which they publish under
+// <pair>.rules.<site>, and the first of those that decodes is returned (the
+// entry's Key says which).
 func readRules(ctx context.Context, kv events.KV, pair string) (failover.Rules, events.Entry, error) {
 	e, err := kv.Get(ctx, failover.ConfigKey(pair))
+	if errors.Is(err, events.ErrNotFound) {
+		if r, pe, ok := publishedRules(ctx, kv, pair); ok {
+			return r, pe, nil
+		}
+	}
 	if err != nil {
 		return failover.Rules{}, e, fmt.Errorf("pair %s: no rules in %s: %w", pair, failover.ConfigKey(pair), err)
 	}
@@ -262,6 +271,31 @@ func readRules(ctx context.Context, kv events.KV, pair string) (failover.Rules, 
 		return failover.Rules{}, e, fmt.Errorf("pair %s: %s revision %d: %w", pair, failover.ConfigKey(pair), e.Revision, err)
 	}
 	return r, e, nil
+}
+
+// publishedRules is the first decodable <pair>.rules.<site>, by key.
+func publishedRules(ctx context.Context, kv events.KV, pair string) (failover.Rules, events.Entry, bool) {
+	w, err := kv.Watch(ctx, failover.RulesKey(pair, "*"), events.WatchOptions{})
+	if err != nil {
+		return failover.Rules{}, events.Entry{}, false
+	}
+	defer w.Stop()
+	var found []events.Entry
+	for e := range w.Updates() {
+		if e.Revision == 0 {
+			break
+		}
+		if e.Op == events.OpPut {
+			found = append(found, e)
+		}
+	}
+	slices.SortFunc(found, func(a, b events.Entry) int { return strings.Compare(a.Key, b.Key) })
+	for _, e := range found {
+		if r, err := failover.DecodeRules(e.Value); err == nil && r.Pair == pair {
+			return r, e, true
+		}
+	}
+	return failover.Rules{}, events.Entry{}, false
 }
 
 // watchSwitchoverRejection tails the pair's member events from the
@@ -439,13 +473,16 @@ func pairsIn(ctx context.Context, nc *nats.Conn, bucket, want string) ([]string,
 	if err != nil {
 		return nil, err
 	}
-	lister, err := kv.ListKeysFiltered(ctx, "*.leader", "*.config")
+	lister, err := kv.ListKeysFiltered(ctx, "*.leader", "*.config", "*.rules.*")
 	if err != nil {
 		return nil, err
 	}
 	seen := map[string]bool{}
 	for k := range lister.Keys() {
 		p := k[:strings.LastIndexByte(k, '.')]
+		if q, ok := strings.CutSuffix(p, ".rules"); ok {
+			p = q
+		}
 		if want == "" || p == want {
 			seen[p] = true
 		}

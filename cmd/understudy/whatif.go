@@ -82,6 +82,7 @@ type patternTap struct {
 	pair, bucket string
 	codec        *events.Registry
 	rules        *failover.Rules
+	published    bool // rules came from a member's <pair>.rules.<site>, not <pair>.config
 	configs      int
 	holder       string
 	writes       map[string][]time.Time
@@ -110,8 +111,14 @@ func (p *patternTap) add(rec events.Record) {
 		switch {
 		case key == "config":
 			p.configs++
+			if rl, err := failover.DecodeRules(e.Value); err == nil && (p.rules == nil || p.published) {
+				p.rules, p.published = &rl, false
+			}
+		case strings.HasPrefix(key, "rules."):
+			// A secured member's pair file rules: used while no
+			// <pair>.config was written.
 			if rl, err := failover.DecodeRules(e.Value); err == nil && p.rules == nil {
-				p.rules = &rl
+				p.rules, p.published = &rl, true
 			}
 		case key == "leader":
 			l, err := failover.DecodeLeader(e.Value)
@@ -162,7 +169,7 @@ func (p *patternTap) pattern(rep *projections.Report) (simulations.Pattern, fail
 		rules = rulesFromReport(p.pair, rep.Rules)
 		notes = append(notes, "the record has no config write: the recorded rules are the latest the replay found")
 	default:
-		return simulations.Pattern{}, rules, nil, fmt.Errorf("the record holds no rules of pair %s (no %s.config write): nothing to compare the proposed rules with", p.pair, p.pair)
+		return simulations.Pattern{}, rules, nil, fmt.Errorf("the record holds no rules of pair %s (no %s.config or .rules.<site> write): nothing to compare the proposed rules with", p.pair, p.pair)
 	}
 	if p.configs > 1 {
 		notes = append(notes, fmt.Sprintf("the rules changed %d times in the record: the recorded run uses the first", p.configs-1))
