@@ -382,7 +382,11 @@ type DBStatus struct {
 
 // RulesStatus are the rules in <pair>.config, at revision Rev.
 type RulesStatus struct {
+	// Rev is the revision of <pair>.config; 0 when the pair has none yet
+	// and the rules shown are its members' pair file's (Key says where
+	// they were published).
 	Rev uint64 `json:"rev"`
+	Key string `json:"key"`
 	rulesJSON
 }
 
@@ -513,7 +517,11 @@ func pairStatus(ctx context.Context, kv events.KV, pair string, now time.Time) (
 		return st, err
 	}
 	if r, e, err := readRules(ctx, kv, pair); err == nil {
-		st.Rules = &RulesStatus{Rev: e.Revision, rulesJSON: rulesOf(r)}
+		rs := &RulesStatus{Rev: e.Revision, Key: e.Key, rulesJSON: rulesOf(r)}
+		if e.Key != failover.ConfigKey(pair) {
+			rs.Rev = 0 // the pair file's rules, which members report as revision 0
+		}
+		st.Rules = rs
 	}
 	// Members' own heartbeats, whether or not the rules are known.
 	w, err := kv.Watch(ctx, pair+".hb.*", events.WatchOptions{})
@@ -615,6 +623,9 @@ func printStatus(w io.Writer, st PairStatus) {
 		}
 	}
 	if r := st.Rules; r != nil {
+		if r.Rev == 0 {
+			fmt.Fprintf(w, "  rules    the members' pair file (%s; no %s written by an operator)\n", r.Key, failover.ConfigKey(st.Pair))
+		}
 		fmt.Fprintf(w, "  rules    rev %d: primary %s, replica %s, heartbeat_timeout %gs, failure_threshold %d, success_threshold %d, failover_timeout %gs, fence_grace %gs, failback %s\n",
 			r.Rev, r.Primary, r.Replica, r.HeartbeatTimeout, r.FailureThreshold, r.SuccessThreshold, r.FailoverTimeout, r.FenceGrace, r.Failback)
 	}
