@@ -19,7 +19,7 @@ import (
 
 // trustedPair makes two node identities (node-a runs site-a, node-b runs
 // site-b) for pair, with their seed files, and each node's ValueTrust.
-func trustedPair(t *testing.T, pair string) (sec *SecuritySection, a, b *ValueTrust) {
+func trustedPair(t testing.TB, pair string) (sec *SecuritySection, a, b *ValueTrust) {
 	t.Helper()
 	dir := t.TempDir()
 	sec = &SecuritySection{Nodes: map[string]NodeIdentity{}}
