@@ -35,7 +35,10 @@ func (k AssetKind) String() string {
 
 // Asset is the wanted shape of one JetStream asset. A KV bucket is a stream
 // named KV_<Name> shaped by nats.go (subjects $KV.<Name>.>, discard new,
-// rollups allowed, duplicate window 2m or the TTL if shorter).
+// duplicate window 2m or the TTL if shorter), except that rollups are
+// refused: a Nats-Rollup header on any key a client may write would purge
+// the whole bucket (every pair's register, rules and history), and NATS
+// permissions cannot look at headers. understudy never purges a key.
 type Asset struct {
 	Kind AssetKind
 	// Name is the bucket name (KVBucket) or the stream name (Stream).
@@ -358,7 +361,7 @@ func (a Asset) streamConfig() jetstream.StreamConfig {
 			MaxConsumers:      -1,
 			Storage:           a.Storage,
 			Replicas:          a.Replicas,
-			AllowRollup:       true,
+			AllowRollup:       false,
 			DenyDelete:        true,
 			AllowDirect:       true,
 			Duplicates:        dup,
@@ -398,18 +401,9 @@ const createdByKey = "understudy.created_by"
 func (a Asset) create(ctx context.Context, js jetstream.JetStream) error {
 	host, _ := os.Hostname()
 	meta := map[string]string{createdByKey: fmt.Sprintf("%s/%016x", host, rand.Uint64())}
-	if a.Kind == KVBucket {
-		_, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
-			Bucket:   a.Name,
-			History:  uint8(a.History),
-			MaxBytes: a.MaxBytes,
-			TTL:      a.MaxAge,
-			Storage:  a.Storage,
-			Replicas: a.Replicas,
-			Metadata: meta,
-		})
-		return err
-	}
+	// A KV bucket is created as its stream (the shape CreateKeyValue
+	// makes, which nats.go's KeyValue binds to), because CreateKeyValue
+	// always allows rollups.
 	cfg := a.streamConfig()
 	cfg.Metadata = meta
 	_, err := js.CreateStream(ctx, cfg)
@@ -450,6 +444,11 @@ func settingsOf(k AssetKind) []setting {
 			field: "replicas",
 			get:   func(c *jetstream.StreamConfig) string { return strconv.Itoa(max(c.Replicas, 1)) },
 			set:   func(d, s *jetstream.StreamConfig) { d.Replicas = s.Replicas },
+		},
+		{
+			field: "allow_rollup",
+			get:   func(c *jetstream.StreamConfig) string { return strconv.FormatBool(c.AllowRollup) },
+			set:   func(d, s *jetstream.StreamConfig) { d.AllowRollup = s.AllowRollup },
 		},
 		{
 			field: "subjects",

@@ -299,7 +299,9 @@ func TestProvisionRejectsInvalidAsset(t *testing.T) {
 	}
 }
 
-// Buckets made by hand (nats kv add) with the same settings are adopted as they are.
+// Buckets made by hand (nats kv add) with the same settings are adopted as
+// they are, but for rollups, which nats kv add allows and understudy turns
+// off (a rollup on one key would purge every pair's keys).
 func TestProvisionAdoptsEqualAssetsMadeElsewhere(t *testing.T) {
 	log, _ := newLogRecorder(t)
 	js := jetStreamOf(t, startEmbedded(t, log))
@@ -312,8 +314,9 @@ func TestProvisionAdoptsEqualAssetsMadeElsewhere(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := p.Assets[0]; got.Outcome != Unchanged || len(got.Applied)+len(got.Refused) != 0 {
-		t.Errorf("bucket made by CreateKeyValue: %+v, want unchanged", got)
+	got := p.Assets[0]
+	if got.Outcome != Updated || len(got.Refused) != 0 || len(got.Applied) != 1 || got.Applied[0].Field != "allow_rollup" {
+		t.Errorf("bucket made by CreateKeyValue: %+v, want only allow_rollup turned off", got)
 	}
 }
 
