@@ -17,10 +17,15 @@ import (
 // simulator's model of it both decide through it, so the simulator finds
 // what this rule gets wrong.
 //
-// A duplicate ack names the record stored under this message id. When the
-// id carries the appender's nonce (subject@position/nonce, as the runtime
-// appender writes it), no other process uses it: the record is this
-// appender's own earlier attempt — a retry after a lost answer, or a
+// A duplicate ack names the record stored under this message id — in the
+// whole stream, not only on the subject: JetStream deduplicates ids stream
+// wide, so the caller must first check that the record it names is on its
+// subject under its id (the runtime appender reads it back); a message
+// another identity stored on a subject of its own under the id does not
+// hold the append. When the record is the appender's and the id carries the
+// appender's nonce (subject@position/nonce/event, as the runtime appender
+// writes it), no other process uses it: the record is this appender's own
+// earlier attempt — a retry after a lost answer, or a
 // publish the NATS client buffered while disconnected that landed before
 // its retry. Its sequence is a stream sequence, shared by every subject, so
 // it need not be last+1; it must only come after last, as the first
@@ -40,35 +45,60 @@ func AppendAckConflict(last uint64, msgID string, ack Ack) error {
 }
 
 // hasNonce reports whether a message id ends in an appender's nonce:
-// subject@position/nonce.
+// subject@position/nonce, or subject@position/nonce/event.
 func hasNonce(msgID string) bool {
 	at := strings.LastIndexByte(msgID, '@')
-	slash := strings.LastIndexByte(msgID, '/')
-	return at >= 0 && slash > at+1 && slash < len(msgID)-1
+	if at < 0 {
+		return false
+	}
+	_, ok := appenderNonce(msgID[at+1:])
+	return ok
 }
 
-// AppenderMsgID is the message id an appender with nonce gives the
-// append it expects to land at position pos of subject (one after the
-// subject's last sequence it knows): subject@pos/nonce.
-func AppenderMsgID(subject string, pos uint64, nonce string) string {
-	return subject + "@" + strconv.FormatUint(pos, 10) + "/" + nonce
-}
-
-// AppendedBy returns the nonce of the appender that stored rec, from its
-// message id; ok is false for a record no appender wrote on this subject
-// (no message id, or one of another shape or subject): a foreign record,
-// which an actor skips and never folds into its state.
-func AppendedBy(rec Record) (nonce string, ok bool) {
-	id := rec.Headers["Nats-Msg-Id"]
-	rest, found := strings.CutPrefix(id, rec.Subject+"@")
-	if !found {
+// appenderNonce parses what follows "subject@" in an appender's message
+// id: position/nonce (as appenders wrote it before ids had an event part)
+// or position/nonce/event, the position in decimal.
+func appenderNonce(rest string) (nonce string, ok bool) {
+	pos, tail, found := strings.Cut(rest, "/")
+	if !found || pos == "" || strings.IndexFunc(pos, func(r rune) bool { return r < '0' || r > '9' }) >= 0 {
 		return "", false
 	}
-	pos, nonce, found := strings.Cut(rest, "/")
-	if !found || pos == "" || nonce == "" || strings.IndexFunc(pos, func(r rune) bool { return r < '0' || r > '9' }) >= 0 {
+	nonce, event, hasEvent := strings.Cut(tail, "/")
+	if nonce == "" || hasEvent && (event == "" || strings.IndexByte(event, '/') >= 0) {
 		return "", false
 	}
 	return nonce, true
+}
+
+// AppenderMsgID is the message id an appender with nonce gives the
+// append of one event it expects to land at position pos of subject (one
+// after the subject's last sequence it knows): subject@pos/nonce/event.
+// The nonce, the same for all of an appender's appends, tells its records
+// from a twin's (AppendedBy); event is drawn at random for each event
+// (and kept across that event's retries, which must deduplicate), so that
+// nobody who has read the appender's records can tell its next id:
+// JetStream deduplicates ids across the whole stream, and a message stored
+// under that id on any other subject would make the append a "duplicate".
+// An empty event gives subject@pos/nonce.
+func AppenderMsgID(subject string, pos uint64, nonce, event string) string {
+	id := subject + "@" + strconv.FormatUint(pos, 10) + "/" + nonce
+	if event != "" {
+		id += "/" + event
+	}
+	return id
+}
+
+// AppendedBy returns the nonce of the appender that stored rec, from its
+// message id (not the id's event part); ok is false for a record no
+// appender wrote on this subject (no message id, or one of another shape
+// or subject): a foreign record, which an actor skips and never folds into
+// its state.
+func AppendedBy(rec Record) (nonce string, ok bool) {
+	rest, found := strings.CutPrefix(rec.Headers["Nats-Msg-Id"], rec.Subject+"@")
+	if !found {
+		return "", false
+	}
+	return appenderNonce(rest)
 }
 
 // HexPrefix shows a value that does not decode in a report: its length

@@ -331,7 +331,7 @@ func TestAgentReportsAnInterruptedAuditTrail(t *testing.T) {
 	}
 	msg := nats.NewMsg(subject)
 	msg.Data = []byte("foreign")
-	msg.Header.Set("Nats-Msg-Id", events.AppenderMsgID(subject, last.Sequence+1, "twin"))
+	msg.Header.Set("Nats-Msg-Id", events.AppenderMsgID(subject, last.Sequence+1, "twin", ""))
 	if _, err := w.nats.js.PublishMsg(ctx, msg); err != nil {
 		t.Fatal(err)
 	}

@@ -15,14 +15,18 @@ import (
 )
 
 // appender appends one actor's events to its subject, in order, with
-// per-subject optimistic concurrency and a message id per position, from a
+// per-subject optimistic concurrency and a message id per event, from a
 // goroutine of its own: an actor never blocks on NATS (a member must keep
 // counting heartbeat timeouts while NATS is down). Events queue while NATS
 // is unreachable and are retried — so is an append the stream leader could
 // not decide yet (10164, events.ErrInFlight: an earlier attempt is still
 // being proposed) — and a duplicate ack of its own earlier attempt (its
 // message id carries this appender's nonce) is its own record, whatever
-// stream sequence it names; a conflict means another process writes this
+// stream sequence it names — once the record it names has been read back
+// and found on this subject under this id (ownDuplicate: JetStream
+// deduplicates ids across the whole stream, so a message another identity
+// stored on its own subject under the id would otherwise swallow the
+// event); a conflict means another process writes this
 // subject — this process is a zombie or has a twin — and is reported
 // through onConflict, after which the appender stops (events.AppendAckConflict
 // decides).
@@ -45,6 +49,9 @@ type appender struct {
 	// position gets a different id, so the server checks the expected
 	// sequence and reports the conflict instead of a "duplicate".
 	nonce string
+	// eventID draws the random part of an event's message id; only the
+	// run goroutine calls it. A test replaces it to reuse a known id.
+	eventID func() string
 }
 
 // queuedEvent is an event waiting to be appended, with when it was queued
@@ -52,6 +59,11 @@ type appender struct {
 type queuedEvent struct {
 	ev   events.Event
 	born time.Time
+	// id is the random part of the event's message id, drawn before its
+	// first attempt and kept across its retries, so that a retry is
+	// deduplicated against an earlier attempt that landed; "" until then,
+	// and again when a message on another subject took the id.
+	id string
 }
 
 // minQueued is the wait below which no events.HeaderQueued is stored: a
@@ -59,12 +71,58 @@ type queuedEvent struct {
 const minQueued = time.Millisecond
 
 func newAppender(log events.Log, subject string, logger *slog.Logger) *appender {
-	var b [8]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
 	return &appender{
-		log: log, subject: subject, logger: logger, nonce: hex.EncodeToString(b[:]),
+		log: log, subject: subject, logger: logger, nonce: randomHex(), eventID: randomHex,
 		wake: make(chan struct{}, 1), stopped: make(chan struct{}), done: make(chan struct{}),
 	}
+}
+
+// randomHex returns 64 random bits in hex: an appender's nonce, or the
+// part of an event's message id nobody can guess before it is published.
+func randomHex() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b[:])
+}
+
+// errIDTaken reports an append not stored because a message on another
+// subject already carries its message id; the event is appended again
+// under a new one.
+var errIDTaken = errors.New("message id taken by a message on another subject")
+
+// ownDuplicate reports whether the record a duplicate ack names is this
+// appender's earlier attempt at the append with msgID: the stream's record
+// at ack.Sequence, on this subject, under msgID. Anything else — a message
+// on another subject under the id (whoever may publish on any subject of
+// the stream and has read this subject's records can try to take an id),
+// or no record left at that sequence — means the append was not stored;
+// that is logged here, once. An error means the record could not be read.
+func (a *appender) ownDuplicate(ctx context.Context, msgID string, ack events.Ack) (bool, error) {
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		rec   events.Record
+		found bool
+	)
+	for r, err := range a.log.Read(rctx, events.ReadOptions{FromSeq: ack.Sequence}) {
+		if err != nil {
+			return false, err
+		}
+		rec, found = r, r.Sequence == ack.Sequence
+		break
+	}
+	if found && rec.Subject == a.subject && rec.Headers["Nats-Msg-Id"] == msgID {
+		return true, nil
+	}
+	if found {
+		a.logger.Warn("a message on another subject carried this appender's message id; its event was not stored and is appended again under a new id",
+			"subject", a.subject, "msg_id", msgID, "seq", ack.Sequence, "other_subject", rec.Subject,
+			"other_msg_id", rec.Headers["Nats-Msg-Id"], "data", events.HexPrefix(rec.Data))
+	} else {
+		a.logger.Warn("the record a duplicate ack named is gone; the event was not stored and is appended again under a new id",
+			"subject", a.subject, "msg_id", msgID, "seq", ack.Sequence)
+	}
+	return false, nil
 }
 
 // setLast records the subject's last sequence as found by a replay.
@@ -84,7 +142,7 @@ func (a *appender) add(evs ...events.Event) {
 	now := time.Now()
 	a.mu.Lock()
 	for _, ev := range evs {
-		a.queue = append(a.queue, queuedEvent{ev, now})
+		a.queue = append(a.queue, queuedEvent{ev: ev, born: now})
 	}
 	a.mu.Unlock()
 	select {
@@ -175,8 +233,12 @@ func (a *appender) run() {
 		a.mu.Lock()
 		var ev events.Event
 		var born time.Time
+		var id string
 		if len(a.queue) > 0 {
-			ev, born = a.queue[0].ev, a.queue[0].born
+			if a.queue[0].id == "" {
+				a.queue[0].id = a.eventID()
+			}
+			ev, born, id = a.queue[0].ev, a.queue[0].born, a.queue[0].id
 		}
 		known, last := a.known, a.lastSeq
 		a.mu.Unlock()
@@ -201,7 +263,7 @@ func (a *appender) run() {
 				a.mu.Unlock()
 			}
 			opts := events.Expect(last)
-			opts.MsgID = events.AppenderMsgID(a.subject, last+1, a.nonce)
+			opts.MsgID = events.AppenderMsgID(a.subject, last+1, a.nonce, id)
 			if w := time.Since(born); w >= minQueued {
 				// It waited (behind others, or retried while NATS was out of
 				// reach): the record dates it when it happened.
@@ -210,6 +272,18 @@ func (a *appender) run() {
 			ack, err := a.log.Append(actx, a.subject, ev, opts)
 			if err != nil {
 				return err
+			}
+			if ack.Duplicate {
+				own, err := a.ownDuplicate(actx, opts.MsgID, ack)
+				if err != nil {
+					return fmt.Errorf("duplicate ack at sequence %d not checked (its record could not be read): %w", ack.Sequence, err)
+				}
+				if !own {
+					a.mu.Lock()
+					a.queue[0].id = "" // the next attempt draws a new one
+					a.mu.Unlock()
+					return errIDTaken
+				}
 			}
 			if err := events.AppendAckConflict(last, opts.MsgID, ack); err != nil {
 				return err
@@ -244,7 +318,9 @@ func (a *appender) run() {
 		case ctx.Err() != nil:
 			return
 		default:
-			a.logger.Warn("event append failed, retrying", "subject", a.subject, "type", ev.EventType(), "retry_in", backoff, "err", err)
+			if !errors.Is(err, errIDTaken) { // ownDuplicate logged it
+				a.logger.Warn("event append failed, retrying", "subject", a.subject, "type", ev.EventType(), "retry_in", backoff, "err", err)
+			}
 			select {
 			case <-time.After(backoff):
 			case <-a.stopped:

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"understudy/actors/failover"
 	"understudy/events"
@@ -113,7 +116,14 @@ func TestAppenderOwnDuplicateAndInFlightAreNotConflicts(t *testing.T) {
 			return events.Ack{}, events.APIError(10164, "last sequence by subject mismatch")
 		},
 		func(o events.AppendOptions) (events.Ack, error) {
-			return events.Ack{Sequence: o.ExpectLastSubjectSeq + 41, Duplicate: true}, nil
+			// The first attempt landed after 40 records of other subjects.
+			for i := 0; i < 40; i++ {
+				if _, err := mem.Append(context.Background(), failover.Subject("other", "site-b"), &failover.HeartbeatRecovered{Term: 9}, events.AppendOptions{}); err != nil {
+					return events.Ack{}, err
+				}
+			}
+			first, err := mem.Append(context.Background(), subject, &failover.HeartbeatRecovered{Term: 1, AfterFailures: 1}, events.AppendOptions{MsgID: o.MsgID})
+			return events.Ack{Sequence: first.Sequence, Duplicate: true}, err
 		},
 		func(o events.AppendOptions) (events.Ack, error) {
 			return events.Ack{Sequence: o.ExpectLastSubjectSeq + 3}, nil
@@ -133,8 +143,8 @@ func TestAppenderOwnDuplicateAndInFlightAreNotConflicts(t *testing.T) {
 		case err := <-conflict:
 			t.Fatalf("conflict: %v", err)
 		case ack := <-appended:
-			if i == 0 && (ack.Sequence != 48 || !ack.Duplicate) {
-				t.Fatalf("first ack %+v, want the duplicate at 48", ack)
+			if i == 0 && (ack.Sequence != 41 || !ack.Duplicate) {
+				t.Fatalf("first ack %+v, want the duplicate at 41", ack)
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatal("the appender did not carry on")
@@ -142,7 +152,196 @@ func TestAppenderOwnDuplicateAndInFlightAreNotConflicts(t *testing.T) {
 	}
 	log.mu.Lock()
 	defer log.mu.Unlock()
-	if n := len(log.sent); n != 3 || log.sent[0].MsgID != log.sent[1].MsgID || log.sent[2].ExpectLastSubjectSeq != 48 {
-		t.Fatalf("appends %+v: want a retry with the same message id, then an append expecting 48", log.sent)
+	if n := len(log.sent); n != 3 || log.sent[0].MsgID != log.sent[1].MsgID || log.sent[2].ExpectLastSubjectSeq != 41 {
+		t.Fatalf("appends %+v: want a retry with the same message id, then an append expecting 41", log.sent)
+	}
+}
+
+// eventPart is the random part an appender's message id ends with:
+// subject@pos/nonce/event.
+func eventPart(t *testing.T, a *appender, msgID string) string {
+	t.Helper()
+	prefix, event, ok := strings.Cut(msgID, "/"+a.nonce+"/")
+	if !ok || !strings.HasPrefix(prefix, a.subject+"@") || len(event) != 16 || strings.Trim(event, "0123456789abcdef") != "" {
+		t.Fatalf("message id %q is not %s@<pos>/%s/<16 hex digits>", msgID, a.subject, a.nonce)
+	}
+	return event
+}
+
+// An event's message id has a random part of its own, drawn once: its
+// retries deduplicate against its earlier attempts, while nobody can tell
+// the id of the next event from the records of the last. A duplicate ack
+// naming no record of this appender is no append: the event is appended
+// again under a new id.
+func TestAppenderEventIDs(t *testing.T) {
+	mem := events.NewMemoryLog("EV", nil, Codec())
+	subject := failover.Subject("ids", "site-a")
+	log := &scriptedLog{Log: mem}
+	log.script = []func(events.AppendOptions) (events.Ack, error){
+		func(events.AppendOptions) (events.Ack, error) {
+			return events.Ack{}, events.APIError(10164, "last sequence by subject mismatch")
+		},
+		func(events.AppendOptions) (events.Ack, error) {
+			return events.Ack{Sequence: 999, Duplicate: true}, nil // no record there
+		},
+	}
+	logger, logs := newLogRecorder(t)
+	app := newAppender(log, subject, logger)
+	app.setLast(0)
+	conflict := make(chan error, 1)
+	appended := make(chan events.Ack, 2)
+	app.onConflict = func(err error) { conflict <- err }
+	app.onAppended = func(_ events.Event, ack events.Ack) { appended <- ack }
+	app.start()
+	defer app.stop()
+	app.add(&failover.HeartbeatRecovered{Term: 1, AfterFailures: 1}, &failover.HeartbeatRecovered{Term: 1, AfterFailures: 2})
+	for i := 0; i < 2; i++ {
+		select {
+		case err := <-conflict:
+			t.Fatalf("conflict: %v", err)
+		case ack := <-appended:
+			if ack.Duplicate || ack.Sequence != uint64(i+1) {
+				t.Fatalf("ack %d: %+v, want sequence %d stored", i, ack, i+1)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the appender did not carry on")
+		}
+	}
+	log.mu.Lock()
+	sent := append([]events.AppendOptions(nil), log.sent...)
+	log.mu.Unlock()
+	if len(sent) != 4 {
+		t.Fatalf("appends %+v: want 4", sent)
+	}
+	ids := make([]string, len(sent))
+	for i, o := range sent {
+		ids[i] = eventPart(t, app, o.MsgID)
+	}
+	if sent[0].MsgID != sent[1].MsgID {
+		t.Errorf("the retry of an append that was not decided changed its id: %s, then %s", sent[0].MsgID, sent[1].MsgID)
+	}
+	if ids[2] == ids[1] || sent[2].ExpectLastSubjectSeq != 0 {
+		t.Errorf("after a duplicate ack naming no record of its own, the event was appended again as %+v; want a new id at the same position", sent[2])
+	}
+	if ids[3] == ids[2] {
+		t.Errorf("two events share the random part %s of their ids", ids[3])
+	}
+	if n := len(logs.matching("the record a duplicate ack named is gone; the event was not stored and is appended again under a new id")); n != 1 {
+		t.Errorf("%d reports of the duplicate ack naming no record, want 1", n)
+	}
+	for i, o := range sent[2:] {
+		recs := 0
+		for rec, err := range mem.Read(context.Background(), events.ReadOptions{Subject: subject, FromSeq: uint64(i + 1)}) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.Headers["Nats-Msg-Id"] != o.MsgID {
+				t.Errorf("record %d has message id %q, want %q", rec.Sequence, rec.Headers["Nats-Msg-Id"], o.MsgID)
+			}
+			recs++
+			break
+		}
+		if recs == 0 {
+			t.Errorf("no record of event %d", i)
+		}
+	}
+}
+
+// Whoever may publish on a subject of the events stream of its own (in a
+// secured deployment: another node, on its own ev.failover.<pair>.<site>)
+// and has read an appender's records could store, on its own subject, a
+// message under the id the appender uses next: JetStream deduplicates ids
+// across the whole stream, and the server answers the appender's append
+// "duplicate" without storing it. The random part of each id keeps it
+// from guessing the id; should an id be taken all the same (here a known
+// one is injected), the appender reads the record the ack names, sees it
+// is not its own and appends the event again under a new id: the event is
+// stored, and the appender neither loses it nor stops.
+func TestAppenderIDTakenOnAnotherSubject(t *testing.T) {
+	f := startFailoverNATS(t)
+	subject := failover.Subject("victim", "site-a")
+	other := failover.Subject("victim", "site-b")
+	logger, logs := newLogRecorder(t)
+	app := newAppender(f.evlog, subject, logger)
+	app.setLast(0)
+	const known = "0123456789abcdef"
+	drawn := 0 // the run goroutine's only
+	app.eventID = func() string {
+		if drawn++; drawn == 1 {
+			return known
+		}
+		return randomHex()
+	}
+
+	// The other identity, on a connection of its own, takes the id of the
+	// victim's next append.
+	taken := events.AppenderMsgID(subject, 1, app.nonce, known)
+	js, err := jetstream.New(connectTo(t, f.server.ClientURL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pa, err := js.Publish(ctx, other, []byte("not an event"), jetstream.WithMsgID(taken))
+	if err != nil || pa.Duplicate {
+		t.Fatalf("publish on %s under %s: %+v %v", other, taken, pa, err)
+	}
+	// What the server answers the victim's append under that id.
+	if ack, err := f.evlog.Append(ctx, subject, &failover.HeartbeatRecovered{Term: 1}, events.AppendOptions{MsgID: taken, ExpectSet: true}); err != nil || !ack.Duplicate || ack.Sequence != pa.Sequence {
+		t.Fatalf("append under the taken id: %+v %v; want a duplicate ack naming sequence %d", ack, err, pa.Sequence)
+	}
+
+	conflict := make(chan error, 1)
+	appended := make(chan events.Ack, 2)
+	app.onConflict = func(err error) { conflict <- err }
+	app.onAppended = func(_ events.Event, ack events.Ack) { appended <- ack }
+	app.start()
+	defer app.stop()
+	sent := []*failover.HeartbeatRecovered{{Term: 3, AfterFailures: 1}, {Term: 3, AfterFailures: 2}}
+	app.add(sent[0], sent[1])
+	for i := range sent {
+		select {
+		case err := <-conflict:
+			t.Fatalf("the appender stopped on a conflict: %v", err)
+		case ack := <-appended:
+			if ack.Duplicate || ack.Sequence <= pa.Sequence {
+				t.Fatalf("ack %d: %+v; want a record stored after the taken id's sequence %d", i, ack, pa.Sequence)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("event %d was not appended", i)
+		}
+	}
+
+	var got []events.Record
+	for rec, err := range f.evlog.Read(ctx, events.ReadOptions{Subject: subject}) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, rec)
+	}
+	if len(got) != len(sent) {
+		t.Fatalf("%s holds %d records, want %d", subject, len(got), len(sent))
+	}
+	for i, rec := range got {
+		ev, err := Codec().DecodeRecord(rec)
+		if e, ok := ev.(*failover.HeartbeatRecovered); err != nil || !ok || *e != *sent[i] {
+			t.Errorf("record %d: %#v %v, want %#v", rec.Sequence, ev, err, sent[i])
+		}
+		if id := rec.Headers["Nats-Msg-Id"]; id == taken {
+			t.Errorf("record %d is stored under the taken id %s", rec.Sequence, id)
+		}
+		if nonce, ok := events.AppendedBy(rec); !ok || nonce != app.nonce {
+			t.Errorf("record %d: appended by %q %v, want the appender's nonce %s", rec.Sequence, nonce, ok, app.nonce)
+		}
+	}
+	reports := logs.matching("a message on another subject carried this appender's message id; its event was not stored and is appended again under a new id")
+	if len(reports) != 1 {
+		t.Fatalf("%d reports of the taken id, want 1", len(reports))
+	}
+	if s := reports[0].Attrs["other_subject"].String(); s != other {
+		t.Errorf("report names subject %q, want %q", s, other)
+	}
+	if n := len(logs.matching("event append failed, retrying")); n != 0 {
+		t.Errorf("%d more warnings of failed appends, want none", n)
 	}
 }

@@ -667,7 +667,7 @@ func TestConflictingMemberFencesStopsAndIsRestarted(t *testing.T) {
 		t.Fatal(err)
 	}
 	twin := events.Expect(last)
-	twin.MsgID = events.AppenderMsgID(subject, last+1, "7771")
+	twin.MsgID = events.AppenderMsgID(subject, last+1, "7771", "")
 	if _, err := fn.evlog.Append(ctx, subject, &failover.HeartbeatRecovered{Term: 99}, twin); err != nil {
 		t.Fatal(err)
 	}
