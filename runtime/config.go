@@ -159,6 +159,11 @@ type SecuritySection struct {
 	Operators []string `yaml:"operators"`
 	// Readers may only read: status, export, replay (public user nkeys).
 	Readers []string `yaml:"readers"`
+	// Admins may read and change the assets' settings (a stream update),
+	// which an operator may not: an update can republish into any
+	// subject or shorten a stream's history to nothing (public user
+	// nkeys). Kept offline, used for the rare change of replicas or limits.
+	Admins []string `yaml:"admins"`
 	// ManifestKeys are the public keys ("O..." operator nkeys) whose
 	// signatures make a manifest runnable by this node's agent.
 	ManifestKeys []string `yaml:"manifest_keys"`
@@ -174,6 +179,11 @@ type NodeIdentity struct {
 	Sites []string `yaml:"sites"`
 	// Agent is its agent's id (default: the node's name); "-" for none.
 	Agent string `yaml:"agent"`
+	// CertSHA256 pins the certificate its routes present: the hex SHA-256
+	// of its SubjectPublicKeyInfo (CertSHA256). In a cluster the servers
+	// accept as routes only the pinned certificates: another certificate
+	// of the same CA (a removed node's, one issued by mistake) is no route.
+	CertSHA256 string `yaml:"cert_sha256"`
 }
 
 // TLSConfig is the client side of TLS to an external NATS.

@@ -58,6 +58,7 @@ const (
 	DeployNKeyFile     = "nats.nkey"
 	DeployOperatorSeed = "operator.nk"
 	DeployReaderSeed   = "reader.nk"
+	DeployAdminSeed    = "admin.nk"
 	DeploySigningSeed  = "manifest-signing.nk"
 	DeployEnvFile      = "env"
 )
@@ -66,7 +67,8 @@ const (
 // witnesses) and its pairs.
 type DeploySpec struct {
 	// Dir receives everything: the CA (ca/), one directory per node, the
-	// operator's (operator/) and the reader's (reader/) files.
+	// operator's (operator/), the admin's (admin/) and the reader's
+	// (reader/) files.
 	Dir string
 	// Cluster is the NATS cluster's name (default DefaultDeployCluster).
 	Cluster string
@@ -126,7 +128,10 @@ type DeployResult struct {
 	// Operator may change rules, request switchovers and write desired
 	// state; its directory also holds the manifest signing key.
 	Operator DeployedIdentity `json:"operator"`
-	Reader   DeployedIdentity `json:"reader"`
+	// Admin may change the assets' settings (a stream update), which is a
+	// write of anything: its directory is to be kept offline.
+	Admin  DeployedIdentity `json:"admin"`
+	Reader DeployedIdentity `json:"reader"`
 	// ManifestKey is the public key ("O...") manifests must be signed with.
 	ManifestKey string `json:"manifest_key"`
 	// URLs are the nodes' client URLs, comma-separated, for the CLI.
@@ -156,7 +161,7 @@ type DeployedNode struct {
 	Serve      string   `json:"serve"` // the command that starts it
 }
 
-// DeployedIdentity is the operator's or the reader's directory.
+// DeployedIdentity is the operator's, the admin's or the reader's directory.
 type DeployedIdentity struct {
 	Dir  string `json:"dir"`
 	NKey string `json:"nkey"` // public user nkey
@@ -165,8 +170,11 @@ type DeployedIdentity struct {
 
 // Deploy creates in spec.Dir what a secured deployment needs: a CA, a
 // server and client certificate per node, the NATS identities (node,
-// operator and reader user nkeys), a manifest signing key, and one
+// operator, admin and reader user nkeys), a manifest signing key, and one
 // directory per node with its node file and exactly the files it needs.
+// Every node file pins every node's certificate (cert_sha256): the routes
+// of a node left out of the spec are refused once the others run the new
+// files.
 // Files are written 0600, directories 0700.
 //
 // It is idempotent: existing keys and certificates are reused, only the
@@ -200,8 +208,8 @@ func nodeNameRule(name string) string {
 		return rule
 	}
 	switch name {
-	case "ca", "operator", "reader":
-		return "must not be ca, operator or reader: those directories hold the deployment's other files"
+	case "ca", "operator", "admin", "reader":
+		return "must not be ca, operator, admin or reader: those directories hold the deployment's other files"
 	}
 	return ""
 }
@@ -364,29 +372,34 @@ func (d *deployer) run() error {
 	if err != nil {
 		return err
 	}
+	admin, err := d.seed(filepath.Join("admin", DeployAdminSeed), nkeys.PrefixByteUser)
+	if err != nil {
+		return err
+	}
 	signing, err := d.seed(filepath.Join("operator", DeploySigningSeed), nkeys.PrefixByteOperator)
 	if err != nil {
 		return err
 	}
 	d.res.ManifestKey = signing
-	d.res.Operator.NKey, d.res.Reader.NKey = operator, reader
+	d.res.Operator.NKey, d.res.Reader.NKey, d.res.Admin.NKey = operator, reader, admin
 
-	sec := &SecuritySection{Nodes: map[string]NodeIdentity{}, Operators: []string{operator}, Readers: []string{reader}, ManifestKeys: []string{signing}}
+	sec := &SecuritySection{Nodes: map[string]NodeIdentity{}, Operators: []string{operator}, Readers: []string{reader}, Admins: []string{admin}, ManifestKeys: []string{signing}}
 	var urls []string
 	for _, n := range d.spec.Nodes {
 		pub, err := d.seed(filepath.Join(n.Name, DeployNKeyFile), nkeys.PrefixByteUser)
 		if err != nil {
 			return err
 		}
-		id := NodeIdentity{NKey: pub, Pairs: d.pairsOf(n.Name), Agent: "-"}
+		pin, err := d.cert(n.Name, n.Name, n.Host, true)
+		if err != nil {
+			return err
+		}
+		id := NodeIdentity{NKey: pub, Pairs: d.pairsOf(n.Name), Agent: "-", CertSHA256: pin}
 		if !n.Witness {
 			id.Agent = n.Name
 		}
 		sec.Nodes[n.Name] = id
 		urls = append(urls, "tls://"+net.JoinHostPort(n.Host, strconv.Itoa(n.ClientPort)))
-		if err := d.cert(n.Name, n.Name, n.Host, true); err != nil {
-			return err
-		}
 		if err := d.copyCA(n.Name); err != nil {
 			return err
 		}
@@ -398,7 +411,7 @@ func (d *deployer) run() error {
 			return err
 		}
 	}
-	for _, who := range []string{"operator", "reader"} {
+	for _, who := range []string{"operator", "admin", "reader"} {
 		if err := d.identity(who); err != nil {
 			return err
 		}
@@ -589,10 +602,10 @@ func (d *deployer) hook(rel, pair, chain string) error {
 	return d.create(rel, []byte(body), 0o700)
 }
 
-// identity writes the operator's or the reader's directory: the CA, a
-// client certificate and an env file for the CLI.
+// identity writes the operator's, the admin's or the reader's directory:
+// the CA, a client certificate and an env file for the CLI.
 func (d *deployer) identity(who string) error {
-	if err := d.cert(who, who, "", false); err != nil {
+	if _, err := d.cert(who, who, "", false); err != nil {
 		return err
 	}
 	if err := d.copyCA(who); err != nil {
@@ -601,8 +614,11 @@ func (d *deployer) identity(who string) error {
 	dir := filepath.Join(d.dir, who)
 	seed := DeployOperatorSeed
 	id := &d.res.Operator
-	if who == "reader" {
+	switch who {
+	case "reader":
 		seed, id = DeployReaderSeed, &d.res.Reader
+	case "admin":
+		seed, id = DeployAdminSeed, &d.res.Admin
 	}
 	var env strings.Builder
 	fmt.Fprintf(&env, "# The %s's connection to the %s cluster, for the understudy CLI:\n# . %s\n", who, d.spec.Cluster, filepath.Join(dir, DeployEnvFile))
@@ -641,14 +657,14 @@ func (d *deployer) warnStrays() {
 	}
 	for _, e := range entries {
 		name := e.Name()
-		if !e.IsDir() || name == "ca" || name == "operator" || name == "reader" {
+		if !e.IsDir() || name == "ca" || name == "operator" || name == "admin" || name == "reader" {
 			continue
 		}
 		if slices.ContainsFunc(d.spec.Nodes, func(n DeployNode) bool { return n.Name == name }) {
 			continue
 		}
 		if _, err := os.Stat(filepath.Join(d.dir, name, DeployNodeFile)); err == nil {
-			d.res.Warnings = append(d.res.Warnings, fmt.Sprintf("%s: node %s is not in this deployment any more: left as it was; the other nodes' files no longer trust it", filepath.Join(d.dir, name), name))
+			d.res.Warnings = append(d.res.Warnings, fmt.Sprintf("%s: node %s is not in this deployment any more: left as it was; the other nodes' files no longer trust it (its nkey nor its certificate as a route) once they run them", filepath.Join(d.dir, name), name))
 		}
 	}
 }
@@ -800,24 +816,26 @@ func randomSerial() *big.Int {
 // cert makes sure dir/cert.pem and key.pem hold a certificate signed by
 // the CA for cn: a server and client one for host when server, a client
 // one otherwise. An existing certificate that does not fit is an error.
-func (d *deployer) cert(who, cn, host string, server bool) error {
+// It returns the certificate's pin (CertSHA256).
+func (d *deployer) cert(who, cn, host string, server bool) (string, error) {
 	certRel, keyRel := filepath.Join(who, DeployCertFile), filepath.Join(who, DeployKeyFile)
 	certPath, keyPath := filepath.Join(d.dir, certRel), filepath.Join(d.dir, keyRel)
 	_, certErr := os.Stat(certPath)
 	_, keyErr := os.Stat(keyPath)
 	if certErr == nil && keyErr == nil {
-		if err := d.checkCert(certPath, keyPath, host, server); err != nil {
-			return fmt.Errorf("deploy: %s: %w: remove %s and %s to have them issued again", certPath, err, DeployCertFile, DeployKeyFile)
+		cert, err := d.checkCert(certPath, keyPath, host, server)
+		if err != nil {
+			return "", fmt.Errorf("deploy: %s: %w: remove %s and %s to have them issued again", certPath, err, DeployCertFile, DeployKeyFile)
 		}
 		d.res.Kept = append(d.res.Kept, certPath, keyPath)
-		return nil
+		return CertSHA256(cert), nil
 	}
 	if certErr == nil || keyErr == nil {
-		return fmt.Errorf("deploy: %s holds only one of %s and %s: remove it to have both issued", filepath.Join(d.dir, who), DeployCertFile, DeployKeyFile)
+		return "", fmt.Errorf("deploy: %s holds only one of %s and %s: remove it to have both issued", filepath.Join(d.dir, who), DeployCertFile, DeployKeyFile)
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return fmt.Errorf("deploy: key: %w", err)
+		return "", fmt.Errorf("deploy: key: %w", err)
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: randomSerial(),
@@ -841,16 +859,20 @@ func (d *deployer) cert(who, cn, host string, server bool) error {
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, d.caCert, &key.PublicKey, d.caKey)
 	if err != nil {
-		return fmt.Errorf("deploy: certificate for %s: %w", cn, err)
+		return "", fmt.Errorf("deploy: certificate for %s: %w", cn, err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return "", err
 	}
 	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if err := d.create(keyRel, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
-		return err
+		return "", err
 	}
-	return d.create(certRel, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
+	return CertSHA256(cert), d.create(certRel, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
 }
 
 func addSAN(c *x509.Certificate, host string) {
@@ -865,15 +887,16 @@ func addSAN(c *x509.Certificate, host string) {
 	}
 }
 
-// checkCert says why an existing certificate does not fit, if it does not.
-func (d *deployer) checkCert(certPath, keyPath, host string, server bool) error {
+// checkCert says why an existing certificate does not fit, if it does not,
+// and returns it when it does.
+func (d *deployer) checkCert(certPath, keyPath, host string, server bool) (*x509.Certificate, error) {
 	pair, err := tls.LoadX509KeyPair(certPath, keyPath)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cert, err := x509.ParseCertificate(pair.Certificate[0])
 	if err != nil {
-		return err
+		return nil, err
 	}
 	roots := x509.NewCertPool()
 	roots.AddCert(d.caCert)
@@ -883,7 +906,7 @@ func (d *deployer) checkCert(certPath, keyPath, host string, server bool) error 
 	}
 	for _, u := range usage {
 		if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, CurrentTime: d.spec.Now, KeyUsages: []x509.ExtKeyUsage{u}}); err != nil {
-			return fmt.Errorf("not a valid certificate of the CA for this use: %w", err)
+			return nil, fmt.Errorf("not a valid certificate of the CA for this use: %w", err)
 		}
 	}
 	if server {
@@ -893,14 +916,14 @@ func (d *deployer) checkCert(certPath, keyPath, host string, server bool) error 
 		}
 		for _, h := range names {
 			if err := cert.VerifyHostname(h); err != nil {
-				return fmt.Errorf("not for host %s (%v)", h, err)
+				return nil, fmt.Errorf("not for host %s (%v)", h, err)
 			}
 		}
 	}
 	if left := cert.NotAfter.Sub(d.spec.Now); left < 30*24*time.Hour {
 		d.res.Warnings = append(d.res.Warnings, fmt.Sprintf("%s expires on %s: remove it and its key, run init again and install the new ones (docs/security.md)", certPath, cert.NotAfter.Format(time.DateOnly)))
 	}
-	return nil
+	return cert, nil
 }
 
 // --- files ---

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -135,8 +136,15 @@ func TestDeployThreeSites(t *testing.T) {
 			t.Errorf("%s: data_dir %q", n.Name, c.DataDir)
 		}
 		sec := c.Security
-		if sec == nil || len(sec.Nodes) != 3 || sec.Operators[0] != res.Operator.NKey || sec.Readers[0] != res.Reader.NKey || sec.ManifestKeys[0] != res.ManifestKey {
+		if sec == nil || len(sec.Nodes) != 3 || sec.Operators[0] != res.Operator.NKey || sec.Readers[0] != res.Reader.NKey ||
+			len(sec.Admins) != 1 || sec.Admins[0] != res.Admin.NKey || sec.ManifestKeys[0] != res.ManifestKey {
 			t.Fatalf("%s: security %+v", n.Name, sec)
+		}
+		// Every node's certificate is pinned, by its key's SHA-256.
+		for _, o := range res.Nodes {
+			if got, want := sec.Nodes[o.Name].CertSHA256, pinOfFile(t, filepath.Join(o.Dir, "cert.pem")); got != want {
+				t.Errorf("%s: the pin of %s is %q, its certificate's %q", n.Name, o.Name, got, want)
+			}
 		}
 		if !nkeys.IsValidPublicOperatorKey(res.ManifestKey) || !nkeys.IsValidPublicUserKey(res.Operator.NKey) {
 			t.Errorf("manifest key %q operator %q", res.ManifestKey, res.Operator.NKey)
@@ -160,6 +168,19 @@ func TestDeployThreeSites(t *testing.T) {
 		if pub, _ := kp.PublicKey(); pub != id.NKey || pub != n.NKey {
 			t.Errorf("%s: the seed's public key %s, the node file says %s", n.Name, pub, id.NKey)
 		}
+	}
+
+	// The admin's directory is like the reader's, with its own key.
+	if res.Admin.Dir != filepath.Join(dir, "admin") || !nkeys.IsValidPublicUserKey(res.Admin.NKey) {
+		t.Errorf("admin %+v", res.Admin)
+	}
+	for _, f := range []string{"admin.nk", "ca.pem", "cert.pem", "key.pem", "env"} {
+		if _, err := os.Stat(filepath.Join(dir, "admin", f)); err != nil {
+			t.Errorf("admin: %v", err)
+		}
+	}
+	if env, err := os.ReadFile(res.Admin.Env); err != nil || !strings.Contains(string(env), "export UNDERSTUDY_NATS_NKEY="+filepath.Join(dir, "admin", "admin.nk")+"\n") {
+		t.Errorf("admin env: %v\n%s", err, env)
 	}
 
 	// The operator's env names its files.
@@ -294,7 +315,7 @@ func TestDeployRerunKeepsKeysAndAddsANode(t *testing.T) {
 		}
 	}
 	wantUpdated := []string{
-		filepath.Join(dir, "operator", "env"), filepath.Join(dir, "reader", "env"),
+		filepath.Join(dir, "admin", "env"), filepath.Join(dir, "operator", "env"), filepath.Join(dir, "reader", "env"),
 		filepath.Join(dir, "site-a", "node.yaml"), filepath.Join(dir, "site-b", "node.yaml"), filepath.Join(dir, "witness", "node.yaml"),
 	}
 	slices.Sort(grown.Updated)
@@ -325,6 +346,52 @@ func TestDeployRerunKeepsKeysAndAddsANode(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Errorf("Validate: %v", err)
 	}
+
+	// Removing site-c again revokes it: the others' node files no longer
+	// know its nkey nor pin its certificate, so its routes are refused.
+	spec.Nodes = spec.Nodes[:3]
+	shrunk, err := Deploy(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(shrunk.Warnings) != 1 || !strings.Contains(shrunk.Warnings[0], "node site-c is not in this deployment any more") {
+		t.Errorf("warnings %v", shrunk.Warnings)
+	}
+	c, err = LoadConfigFile(filepath.Join(dir, "site-a", "node.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cPin := pinOfFile(t, filepath.Join(dir, "site-c", "cert.pem"))
+	for name, id := range c.Security.Nodes {
+		if name == "site-c" || id.CertSHA256 == cPin {
+			t.Errorf("site-a still trusts site-c: %s %+v", name, id)
+		}
+	}
+	s, err := c.resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.server.cluster.pinned) != 3 || slices.Contains(s.server.cluster.pinned, cPin) {
+		t.Errorf("site-a pins %v (site-c's is %s)", s.server.cluster.pinned, cPin)
+	}
+}
+
+// pinOfFile is the CertSHA256 of the PEM certificate in file.
+func pinOfFile(t *testing.T, file string) string {
+	t.Helper()
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := pem.Decode(data)
+	if b == nil {
+		t.Fatalf("%s: no PEM", file)
+	}
+	cert, err := x509.ParseCertificate(b.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return CertSHA256(cert)
 }
 
 func TestDeployNeverOverwritesAKey(t *testing.T) {
@@ -406,7 +473,8 @@ func TestDeploySpecErrors(t *testing.T) {
 		{"a witness in a pair", func(s *DeploySpec) { s.Pairs[0].Replica = "witness" }, "pairs[0].replica = witness: must name a node that is not a witness"},
 		{"an unknown node", func(s *DeploySpec) { s.Pairs[0].Primary = "site-z" }, "pairs[0].primary = site-z: must name a node"},
 		{"a bad name", func(s *DeploySpec) { s.Nodes[0].Name = "Site A" }, "nodes[0].name"},
-		{"a reserved name", func(s *DeploySpec) { s.Nodes[0].Name = "operator" }, "must not be ca, operator or reader"},
+		{"a reserved name", func(s *DeploySpec) { s.Nodes[0].Name = "operator" }, "must not be ca, operator, admin or reader"},
+		{"the admin's directory", func(s *DeploySpec) { s.Nodes[0].Name = "admin" }, "must not be ca, operator, admin or reader"},
 		{"a shared port", func(s *DeploySpec) { s.Nodes[1].ClientPort = 16222 }, "its client port 127.0.0.1:16222 is already the cluster port of site-a"},
 		{"a shared http port", func(s *DeploySpec) { s.Nodes[1].HTTP = ""; s.Nodes[2].HTTP = "" }, "its http 127.0.0.1:9464"},
 		{"a relative install dir", func(s *DeploySpec) { s.InstallDir = "etc" }, "install_dir = etc: must be an absolute path"},
@@ -514,6 +582,13 @@ func TestDeployedThreeSitesServe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	violations := make(chan error, 16) // more than the refusals this test causes
+	auth = append(auth, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		select {
+		case violations <- err:
+		default:
+		}
+	}))
 	nc, err := nats.Connect(res.URLs, auth...)
 	if err != nil {
 		t.Fatalf("the operator connects: %v", err)
@@ -548,4 +623,45 @@ func TestDeployedThreeSitesServe(t *testing.T) {
 		}
 		return nil
 	})
+
+	// Only the admin's files change an asset's settings.
+	ad := func(name string) string { return filepath.Join(res.Admin.Dir, name) }
+	apair, err := tls.LoadX509KeyPair(ad("cert.pem"), ad("key.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	aauth, err := AuthOptions(ConnectOptions{NKey: ad("admin.nk"), TLS: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, Certificates: []tls.Certificate{apair}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	anc, err := nats.Connect(res.URLs, aauth...)
+	if err != nil {
+		t.Fatalf("the admin connects: %v", err)
+	}
+	defer anc.Close()
+	ajs, err := jetstream.New(anc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := ajs.Stream(ctx, "KV_"+DefaultFailoverBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	if _, err := ajs.UpdateStream(ctx, cfg); err != nil {
+		t.Errorf("the admin's stream update: %v", err)
+	}
+	uctx, ucancel := context.WithTimeout(ctx, time.Second)
+	defer ucancel()
+	if _, err := js.UpdateStream(uctx, cfg); err == nil {
+		t.Errorf("the operator's stream update succeeded")
+	}
+	select {
+	case err := <-violations:
+		if !errors.Is(err, nats.ErrPermissionViolation) {
+			t.Errorf("the operator's stream update: %v, want a permission violation", err)
+		}
+	case <-time.After(refusedWait):
+		t.Errorf("the operator's stream update: no permission violation")
+	}
 }

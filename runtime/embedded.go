@@ -57,6 +57,11 @@ type EmbeddedCluster struct {
 	// peer's (RootCAs, ClientCAs) and requires one (ClientAuth). Nil for
 	// plain routes (loopback only). Kept, not copied.
 	TLS *tls.Config
+	// PinnedCerts, when not empty, are the only certificates accepted as
+	// routes, either way (CertSHA256 of each); the CA alone would let any
+	// certificate it signed for a node, a removed node's too, be a route.
+	// With TLS only. Copied.
+	PinnedCerts []string
 }
 
 // A cluster member's shutdown: the clients still connected once the
@@ -192,6 +197,15 @@ func StartEmbedded(cfg EmbeddedConfig, log *slog.Logger) (*EmbeddedNATS, error) 
 			NoAdvertise: true,
 		}
 		opts.Routes = cl.Routes
+		if len(cl.PinnedCerts) > 0 {
+			if cl.TLS == nil {
+				return nil, errors.New("runtime: embedded nats: pinned route certificates need route TLS")
+			}
+			opts.Cluster.TLSPinnedCerts = server.PinnedCertSet{}
+			for _, p := range cl.PinnedCerts {
+				opts.Cluster.TLSPinnedCerts[strings.ToLower(p)] = struct{}{}
+			}
+		}
 		// Shutdown hands the raft leaderships over first (lame duck mode),
 		// then closes the clients left within these bounds.
 		opts.LameDuckDuration, opts.LameDuckGracePeriod = lameDuckDuration, lameDuckGrace
@@ -228,7 +242,7 @@ func StartEmbedded(cfg EmbeddedConfig, log *slog.Logger) (*EmbeddedNATS, error) 
 	attrs := []any{"client_url", e.ClientURL(), "store_dir", srv.StoreDir(), "sync_always", true, "server_name", srv.Name(),
 		"tls", cfg.TLS != nil, "users", len(cfg.Users)}
 	if cl := cfg.Cluster; cl != nil {
-		attrs = append(attrs, "cluster", cl.Name, "cluster_addr", srv.ClusterAddr().String(), "routes", len(cl.Routes), "route_tls", cl.TLS != nil)
+		attrs = append(attrs, "cluster", cl.Name, "cluster_addr", srv.ClusterAddr().String(), "routes", len(cl.Routes), "route_tls", cl.TLS != nil, "route_pins", len(cl.PinnedCerts))
 	}
 	log.Info("embedded nats started", attrs...)
 	return e, nil

@@ -12,7 +12,7 @@ import (
 )
 
 // Permissions are the identities of sec as the embedded server accepts
-// them: each node, operator and reader an nkey user with the least
+// them: each node, operator, admin and reader an nkey user with the least
 // privilege that lets it do its job (docs/security.md lists them):
 //
 //   - a node writes the register and its sites' heartbeats and published
@@ -21,7 +21,10 @@ import (
 //     reads the assets, and answers its agent's device commands;
 //   - an operator writes the rules, switchover, pause and failover
 //     requests of any pair, any agent's desired state, sends device
-//     commands, changes the assets' settings, and reads;
+//     commands, and reads;
+//   - an admin changes the assets' settings (a stream update, which can
+//     add a republish rule that writes any subject, or shrink a stream's
+//     limits and so purge it), and reads;
 //   - a reader reads.
 //
 // Nobody may delete a stream or purge or delete its messages through the
@@ -44,6 +47,9 @@ func Permissions(sec *SecuritySection, names AssetsConfig) []*server.NkeyUser {
 	}
 	for _, k := range sec.Operators {
 		users = append(users, &server.NkeyUser{Nkey: k, Permissions: a.operator(k)})
+	}
+	for _, k := range sec.Admins {
+		users = append(users, &server.NkeyUser{Nkey: k, Permissions: a.admin(k)})
 	}
 	for _, k := range sec.Readers {
 		users = append(users, &server.NkeyUser{Nkey: k, Permissions: a.reader(k)})
@@ -145,7 +151,18 @@ func (a permAssets) operator(key string) *server.Permissions {
 		pub = append(pub, a.failover+k)
 	}
 	pub = append(pub, a.fleet+agent.DesiredKey("*"), agent.CommandSubject("*", "*"))
-	for _, st := range a.streams { // the asset changes the nodes leave to an operator
+	return &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: pub, Deny: deniedToAll},
+		Subscribe: &server.SubjectPermission{Allow: inboxes(key)},
+	}
+}
+
+// admin may update the assets, which nobody else may: an update is a
+// write of anything (a RePublish rule copies every message stored to any
+// subject, the stream's own included) and a purge (shrunk limits).
+func (a permAssets) admin(key string) *server.Permissions {
+	pub := a.readSet()
+	for _, st := range a.streams {
 		pub = append(pub, "$JS.API.STREAM.UPDATE."+st)
 	}
 	return &server.Permissions{
@@ -161,7 +178,7 @@ const commandReplyWindow = time.Minute
 func (a permAssets) node(name string, id NodeIdentity) *server.Permissions {
 	pub := a.readSet()
 	// Provisioning creates the assets (ProvisionCreateOnly: an update may
-	// shorten a stream's history to nothing, so it is the operator's), and
+	// shorten a stream's history to nothing, so it is an admin's), and
 	// the preferred leader's keeper moves their leaders.
 	for _, st := range a.streams {
 		pub = append(pub, "$JS.API.STREAM.CREATE."+st, "$JS.API.STREAM.LEADER.STEPDOWN."+st)

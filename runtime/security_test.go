@@ -16,6 +16,7 @@ import (
 	"math/big"
 	mrand "math/rand/v2"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -44,7 +45,7 @@ type testDeployment struct {
 	pool  *x509.CertPool
 	sec   *SecuritySection
 	names AssetsConfig
-	ids   map[string]*testIdentity // by node name, "operator", "reader", "stranger"
+	ids   map[string]*testIdentity // by node name, "operator", "admin", "reader", "stranger"
 	// manifestKey signs manifests (security.manifest_keys).
 	manifestKey *ManifestKey
 
@@ -83,10 +84,11 @@ func newTestDeployment(t *testing.T, nodes map[string]NodeIdentity) *testDeploym
 	d.sec = &SecuritySection{Nodes: map[string]NodeIdentity{}}
 	for name, id := range nodes {
 		ti := d.identity(t, name, true)
-		id.NKey = ti.pub
+		id.NKey, id.CertSHA256 = ti.pub, certPin(t, ti.cert)
 		d.sec.Nodes[name] = id
 	}
 	d.sec.Operators = []string{d.identity(t, "operator", false).pub}
+	d.sec.Admins = []string{d.identity(t, "admin", false).pub}
 	d.sec.Readers = []string{d.identity(t, "reader", false).pub}
 	d.identity(t, "stranger", false) // a certificate of the CA, an nkey nobody listed
 	mk, err := nkeys.CreateOperator()
@@ -99,6 +101,20 @@ func newTestDeployment(t *testing.T, nodes map[string]NodeIdentity) *testDeploym
 	}
 	d.sec.ManifestKeys = []string{d.manifestKey.Public()}
 	return d
+}
+
+// certPin is the CertSHA256 of the certificate in file.
+func certPin(t *testing.T, file string) string {
+	t.Helper()
+	pair, err := tls.LoadX509KeyPair(file, strings.TrimSuffix(file, ".pem")+"-key.pem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return CertSHA256(leaf)
 }
 
 func (d *testDeployment) write(t *testing.T, name string, data []byte) string {
@@ -607,12 +623,16 @@ func TestSecuredCluster(t *testing.T) {
 		} {
 			op.publishAllowed(t, subj)
 		}
-		// The operator changes the assets' settings (here: to the same).
-		if st, err := op.js.Stream(ctx, "KV_"+names.FailoverBucket); err != nil {
-			t.Error(err)
-		} else if _, err := op.js.UpdateStream(ctx, st.CachedInfo().Config); err != nil {
-			t.Errorf("operator's stream update: %v", err)
+		// The admin changes the assets' settings (here: to the same).
+		admin := d.connectAs(t, "admin", a.url())
+		for _, name := range []string{"KV_" + names.FailoverBucket, "KV_" + names.FleetBucket, names.EventsStream} {
+			if st, err := admin.js.Stream(ctx, name); err != nil {
+				t.Error(err)
+			} else if _, err := admin.js.UpdateStream(ctx, st.CachedInfo().Config); err != nil {
+				t.Errorf("admin's update of %s: %v", name, err)
+			}
 		}
+		admin.noViolations(t)
 		// A device command to the node's agent, and its answer.
 		sub, err := node.nc.Subscribe("device-commands.a.*", func(m *nats.Msg) { _ = m.Respond([]byte("pong")) })
 		if err != nil {
@@ -740,14 +760,24 @@ func TestSecuredCluster(t *testing.T) {
 			"w": { // a witness: no pair, no agent
 				fb + "pg.leader", fb + "pg.hb.w", fb + "pg.config", fl + "actual-state.w", fl + "presence.w", "ev.agent.w.x",
 			},
-			"operator": {fb + "pg.leader", fb + "pg.hb.a", fl + "actual-state.a", fl + "presence.a", "ev.failover.pg.a"},
+			"operator": {
+				fb + "pg.leader", fb + "pg.hb.a", fl + "actual-state.a", fl + "presence.a", "ev.failover.pg.a",
+				// An update can republish into any subject, or shrink the
+				// limits and so purge: the admin's alone.
+				"$JS.API.STREAM.UPDATE.KV_" + names.FailoverBucket, "$JS.API.STREAM.UPDATE.KV_" + names.FleetBucket,
+				"$JS.API.STREAM.UPDATE." + names.EventsStream,
+			},
+			"admin": { // updates the assets, writes nothing
+				fb + "pg.leader", fb + "pg.hb.a", fb + "pg.config", fb + "pg.switchover", fl + "desired-state.a",
+				"ev.failover.pg.a", "device-commands.a.x",
+			},
 			"reader": {
 				fb + "pg.leader", fb + "pg.hb.a", fb + "pg.config", fb + "pg.switchover", fb + "pg.pause",
 				fl + "desired-state.a", fl + "actual-state.a", "ev.failover.pg.a", "device-commands.a.x",
 			},
 		}
 		t.Run("by each identity", func(t *testing.T) {
-			for _, who := range []string{"b", "w", "operator", "reader"} {
+			for _, who := range []string{"b", "w", "operator", "admin", "reader"} {
 				t.Run(who, func(t *testing.T) {
 					t.Parallel()
 					refusedTo(t, d.connectAs(t, who, a.url()), refused[who], names)
@@ -782,6 +812,64 @@ func TestSecuredCluster(t *testing.T) {
 		if nc, err := nats.Connect("nats://127.0.0.1:"+strconv.Itoa(a.clientPort), nats.Timeout(2*time.Second)); err == nil {
 			nc.Close()
 			t.Error("a client without TLS connected")
+		}
+	})
+
+	t.Run("a certificate of the CA that is not pinned is no route", func(t *testing.T) {
+		// A node certificate of the deployment's CA, as a removed node's
+		// or one issued by mistake would be, on a server of the attacker's
+		// that accepts any client and dials the three routes.
+		certFile, keyFile := d.cert(t, "rogue", true)
+		pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var routes []*url.URL
+		for _, s := range sc.sites {
+			routes = append(routes, &url.URL{Scheme: "tls", Host: "127.0.0.1:" + strconv.Itoa(s.clusterPort)})
+		}
+		rogue, err := StartEmbedded(EmbeddedConfig{
+			DataDir: t.TempDir(), Host: "127.0.0.1", Port: -1, ServerName: "rogue",
+			Cluster: &EmbeddedCluster{Name: "test", Host: "127.0.0.1", Port: -1, Routes: routes, TLS: routeTLS(pair, d.pool)},
+		}, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rogue.Shutdown()
+		// Had a route been accepted, the rogue's subscription would draw
+		// the nodes' heartbeats and events to it.
+		spy := connectTo(t, rogue.ClientURL())
+		got, err := spy.SubscribeSync(">")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := spy.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		refusedBy := map[string]bool{}
+		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if n := rogue.Server().NumRoutes(); n != 0 {
+				t.Fatalf("the rogue server has %d routes", n)
+			}
+			for _, s := range sc.sites {
+				for _, l := range s.serving.rec.all() {
+					if strings.Contains(l.Msg, "certificate not pinned") {
+						refusedBy[s.name] = true
+					}
+				}
+			}
+		}
+		if len(refusedBy) != len(sc.sites) {
+			t.Errorf("servers that refused the rogue's route for its unpinned certificate: %v, want all three", refusedBy)
+		}
+		for {
+			m, err := got.NextMsg(10 * time.Millisecond)
+			if err != nil {
+				break
+			}
+			if strings.HasPrefix(m.Subject, "$KV.") || strings.HasPrefix(m.Subject, "ev.") {
+				t.Fatalf("the rogue server received %s from the cluster", m.Subject)
+			}
 		}
 	})
 
@@ -921,15 +1009,31 @@ func TestSecuredNodeConfigResolves(t *testing.T) {
 		t.Errorf("the node's client TLS: %+v", s.tls)
 	}
 	users := Permissions(s.security, c.Assets)
-	if len(users) != 5 {
-		t.Errorf("%d users, want 3 nodes, an operator and a reader", len(users))
+	if len(users) != 6 {
+		t.Errorf("%d users, want 3 nodes, an operator, an admin and a reader", len(users))
+	}
+	// Every node's certificate is pinned as a route, and only those.
+	var pins []string
+	for _, n := range []string{"a", "b", "w"} {
+		pins = append(pins, certPin(t, d.ids[n].cert))
+	}
+	if !slices.Equal(cl.pinned, pins) {
+		t.Errorf("pinned route certificates %v, want %v", cl.pinned, pins)
 	}
 
 	// A witness: no pairs, no agent.
 	c = securedNodeConfig(t, d)
 	c.Node, c.Pairs, c.NATS.NKey = "w", nil, d.ids["w"].seed
+	c.NATS.Server.TLS = ServerTLS{CA: d.ca, Cert: d.ids["w"].cert, Key: d.ids["w"].key}
 	if _, err := c.resolve(); err != nil {
 		t.Errorf("witness: %v", err)
+	}
+	// A single secured server has no routes to pin.
+	c = securedNodeConfig(t, d)
+	c.NATS.Listen, c.NATS.Server.Cluster = "127.0.0.1:4222", nil
+	c.Security = &SecuritySection{Nodes: map[string]NodeIdentity{"a": {NKey: d.ids["a"].pub, Pairs: []string{"pg"}}}}
+	if s, err := c.resolve(); err != nil || s.server.cluster != nil {
+		t.Errorf("a single secured server without pins: %v", err)
 	}
 	// Loopback development: neither TLS nor security needed.
 	c = DefaultConfig()
@@ -967,6 +1071,7 @@ func TestSecuredNodeConfigRefusals(t *testing.T) {
 		}
 		s.Operators = slices.Clone(s.Operators)
 		s.Readers = slices.Clone(s.Readers)
+		s.Admins = slices.Clone(s.Admins)
 		s.ManifestKeys = slices.Clone(s.ManifestKeys)
 		edit(&s)
 		c.Security = &s
@@ -1026,6 +1131,38 @@ func TestSecuredNodeConfigRefusals(t *testing.T) {
 		}},
 		{"reader with the operator's key", "security.readers[0]", "key of its own", func(c *Config) {
 			withSec(c, func(s *SecuritySection) { s.Readers[0] = s.Operators[0] })
+		}},
+		{"admin with the operator's key", "security.admins[0]", "key of its own", func(c *Config) {
+			withSec(c, func(s *SecuritySection) { s.Admins[0] = s.Operators[0] })
+		}},
+		{"admin key of an operator", "security.admins[0]", "public user nkey", func(c *Config) {
+			withSec(c, func(s *SecuritySection) { s.Admins[0] = opPub })
+		}},
+		{"a malformed certificate pin", "security.nodes.b.cert_sha256", "64 hex digits", func(c *Config) {
+			withSec(c, func(s *SecuritySection) {
+				id := s.Nodes["b"]
+				id.CertSHA256 = "sha256:" + id.CertSHA256[7:]
+				s.Nodes["b"] = id
+			})
+		}},
+		{"a node without a certificate pin in a cluster", "security.nodes.b.cert_sha256", "must be set in a cluster", func(c *Config) {
+			withSec(c, func(s *SecuritySection) {
+				id := s.Nodes["b"]
+				id.CertSHA256 = ""
+				s.Nodes["b"] = id
+			})
+		}},
+		{"the node's pin not its route certificate's", "security.nodes.a.cert_sha256", "must pin this node's route certificate", func(c *Config) {
+			withSec(c, func(s *SecuritySection) {
+				id := s.Nodes["a"]
+				id.CertSHA256 = s.Nodes["b"].CertSHA256
+				s.Nodes["a"] = id
+			})
+		}},
+		{"security with routes on loopback without TLS", "nats.server.cluster.tls", "with a security section", func(c *Config) {
+			c.NATS.Listen, c.NATS.Server.TLS = "127.0.0.1:4222", ServerTLS{}
+			c.NATS.Server.Cluster.Listen = "127.0.0.1:6222"
+			c.NATS.Server.Cluster.Routes = []string{"nats://127.0.0.1:6223", "nats://127.0.0.1:6224"}
 		}},
 		{"a node name that is no subject token", "security.nodes", "node names", func(c *Config) {
 			withSec(c, func(s *SecuritySection) { s.Nodes["x.y"] = NodeIdentity{NKey: d.ids["stranger"].pub} })

@@ -126,7 +126,7 @@ func (n *node) run(ctx context.Context) error {
 		}
 		if cl := s.server.cluster; cl != nil {
 			mode = "embedded cluster " + cl.name
-			ec.Cluster = &EmbeddedCluster{Name: cl.name, Host: cl.host, Port: cl.port, Routes: cl.routes, TLS: cl.tls}
+			ec.Cluster = &EmbeddedCluster{Name: cl.name, Host: cl.host, Port: cl.port, Routes: cl.routes, TLS: cl.tls, PinnedCerts: cl.pinned}
 		}
 		es, err := StartEmbedded(ec, n.log)
 		if err != nil {

@@ -1,12 +1,15 @@
 package runtime
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -38,6 +41,21 @@ type clusterSettings struct {
 	port   int // -1: any free port
 	routes []*url.URL
 	tls    *tls.Config // mutual TLS of the routes; nil on loopback without TLS
+	// pinned are the certificates (CertSHA256) accepted as routes: every
+	// node's of the security section; nil without one.
+	pinned []string
+}
+
+// certPinRE is a CertSHA256: 64 hex digits.
+var certPinRE = regexp.MustCompile(`^[0-9a-fA-F]{64}$`)
+
+// CertSHA256 is the pin of a certificate as nats-server's pinned_certs
+// (and security.nodes.<node>.cert_sha256) take it: the lower-case hex
+// SHA-256 of its DER SubjectPublicKeyInfo. It pins the key, so a
+// certificate issued again for the same key keeps its pin.
+func CertSHA256(cert *x509.Certificate) string {
+	sum := sha256.Sum256(cert.RawSubjectPublicKeyInfo)
+	return hex.EncodeToString(sum[:])
 }
 
 // nkeySeedLimit bounds the size of a seed file: a bare seed is 58 bytes,
@@ -339,11 +357,49 @@ func resolveServer(c Config, listenHost string, listenOK bool) (srv serverSettin
 	if rtc != nil {
 		cs.tls = routeTLS(rpair, rpool)
 	}
-	if rule := offLoopbackRule("the cluster's route listener", rt != (ServerTLS{}), sec, "nats.server.cluster.tls (or nats.server.tls)"); rule != "" && offLoopback {
+	rule := offLoopbackRule("the cluster's route listener", rt != (ServerTLS{}), sec, "nats.server.cluster.tls (or nats.server.tls)")
+	if rule != "" && offLoopback {
 		bad("nats.server.cluster.listen", rule, cl.Listen)
+	}
+	if sec && rt == (ServerTLS{}) && !offLoopback { // off loopback: the rule above
+		// On loopback too: anyone on the machine could join as a route,
+		// and a route is trusted with every message, past every permission.
+		bad("nats.server.cluster.tls", "must be set (or nats.server.tls) with a security section: routes without mutual TLS are unauthenticated, and a route bypasses every identity's permissions", "")
+	}
+	if sec {
+		cs.pinned, errs = routePins(c, rpair, rtc != nil, errs)
 	}
 	srv.cluster = cs
 	return srv, clientTLS, errs
+}
+
+// routePins are the certificates a secured cluster accepts as routes:
+// every node's security.nodes.<node>.cert_sha256, each required (understudy
+// init writes them), and this node's the one its routes present (else the
+// others would refuse it). Malformed pins are resolveSecurity's to report.
+func routePins(c Config, own tls.Certificate, haveOwn bool, errs []error) ([]string, []error) {
+	var pins []string
+	for _, n := range slices.Sorted(mapKeys(c.Security.Nodes)) {
+		pin := c.Security.Nodes[n].CertSHA256
+		field := "security.nodes." + n + ".cert_sha256"
+		switch {
+		case pin == "":
+			errs = append(errs, &ConfigError{Field: field, Rule: "must be set in a cluster: the hex SHA-256 of the SubjectPublicKeyInfo of node " + n +
+				"'s certificate; the servers accept only pinned certificates as routes. Run understudy init again: it writes them into every node file", Value: ""})
+			continue
+		case !certPinRE.MatchString(pin):
+			continue
+		}
+		pins = append(pins, strings.ToLower(pin))
+	}
+	if id, ok := c.Security.Nodes[c.Node]; ok && haveOwn && certPinRE.MatchString(id.CertSHA256) {
+		if leaf, err := x509.ParseCertificate(own.Certificate[0]); err == nil && !strings.EqualFold(CertSHA256(leaf), id.CertSHA256) {
+			errs = append(errs, &ConfigError{Field: "security.nodes." + c.Node + ".cert_sha256",
+				Rule: "must pin this node's route certificate (nats.server.cluster.tls.cert, else nats.server.tls.cert), whose pin is " + CertSHA256(leaf) +
+					": the other servers would refuse its routes; run understudy init again to rewrite the node files", Value: id.CertSHA256})
+		}
+	}
+	return pins, errs
 }
 
 // resolveSecurity checks the security section: every key is of its kind,
@@ -399,12 +455,18 @@ func resolveSecurity(c Config, nkeyPub string, members []MemberConfig, agentID s
 				bad(field+".agent", rule+", or - for none (default: the node's name)", id.Agent)
 			}
 		}
+		if id.CertSHA256 != "" && !certPinRE.MatchString(id.CertSHA256) {
+			bad(field+".cert_sha256", "must be 64 hex digits: the SHA-256 of the SubjectPublicKeyInfo of the node's certificate, as understudy init writes it", id.CertSHA256)
+		}
 	}
 	for i, k := range sec.Operators {
 		user("security.operators["+strconv.Itoa(i)+"]", k)
 	}
 	for i, k := range sec.Readers {
 		user("security.readers["+strconv.Itoa(i)+"]", k)
+	}
+	for i, k := range sec.Admins {
+		user("security.admins["+strconv.Itoa(i)+"]", k)
 	}
 	for i, k := range sec.ManifestKeys {
 		if !nkeys.IsValidPublicOperatorKey(k) {

@@ -40,18 +40,25 @@ func newInitCmd(stdout io.Writer) *cobra.Command {
   operator/    the operator's NATS identity (operator.nk), the manifest
                signing key (manifest-signing.nk), a client certificate and
                env, to source before running understudy commands
+  admin/       the only identity that may change the assets' settings (a
+               stream update: replicas, limits), with its certificate and
+               env: keep it offline, like ca-key.pem
   reader/      a read-only identity (status, export, replay) and its env
 
 Each node's embedded NATS server listens on its host with TLS, requires a
 client certificate of the CA and one of the deployment's nkeys, and routes
-to the other nodes' servers (one NATS cluster, JetStream assets at R3).
+to the other nodes' servers (one NATS cluster, JetStream assets at R3),
+accepting as routes only the nodes' certificates, pinned in every node file
+(security.nodes.<node>.cert_sha256).
 A witness node hosts no pair member and no agent: it holds the third
 replica, so that the cluster keeps its quorum when a pair's site is lost.
 
 Running init again reuses the CA and every key: only what is missing is
 created (add a node by running it with one more --node), node files are
 rewritten (the previous one kept as node.yaml.prev), and a key is never
-overwritten. Files are 0600, directories 0700.`,
+overwritten. A node left out of a later run loses its identity and its route
+pin in the rewritten node files: install them on the remaining nodes to
+revoke it. Files are 0600, directories 0700.`,
 		Example: `  understudy init --dir ./deploy \
     --node site-a=10.0.1.10 --node site-b=10.0.2.10 --witness witness=10.0.3.10 \
     --pair pg-main=site-a,site-b`,
@@ -235,6 +242,8 @@ func printDeploy(w io.Writer, res runtime.DeployResult) {
 	fmt.Fprintf(w, "\nOperator (rules, switchover, pause, failover, apply; %s):\n    . %s\n    understudy status\n", res.Operator.Dir, res.Operator.Env)
 	fmt.Fprintf(w, "  Manifests are signed with %s\n  (public key %s, trusted by every node): keep it off the nodes.\n",
 		filepath.Join(res.Operator.Dir, runtime.DeploySigningSeed), res.ManifestKey)
+	fmt.Fprintf(w, "\nAdmin (the only identity that may change the assets' settings: replicas, limits; %s):\n    . %s\n", res.Admin.Dir, res.Admin.Env)
+	fmt.Fprintf(w, "  A stream update can rewrite or purge any pair's history: keep %s offline, like the CA key.\n", res.Admin.Dir)
 	fmt.Fprintf(w, "\nReader (status, export, replay only; %s):\n    . %s\n", res.Reader.Dir, res.Reader.Env)
 	for _, warning := range res.Warnings {
 		fmt.Fprintf(w, "\nwarning: %s\n", warning)

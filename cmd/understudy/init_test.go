@@ -19,12 +19,14 @@ func TestInitThreeSites(t *testing.T) {
 		t.Fatalf("exit %d\n%s%s", code, stdout, stderr)
 	}
 	for _, want := range []string{
-		"Deployment understudy in " + dir + ": 36 files created",
+		"Deployment understudy in " + dir + ": 41 files created",
 		"site-a (127.0.0.1, pairs: pg-main)\n    rsync -a " + filepath.Join(dir, "site-a") + "/ root@127.0.0.1:" + filepath.Join(dir, "site-a") + "/\n" +
 			"    understudy serve --config " + filepath.Join(dir, "site-a", "node.yaml"),
 		"witness (127.0.0.1, witness: a NATS replica only)",
 		". " + filepath.Join(dir, "operator", "env"),
 		". " + filepath.Join(dir, "reader", "env"),
+		". " + filepath.Join(dir, "admin", "env"),
+		"keep " + filepath.Join(dir, "admin") + " offline",
 		"placeholder hooks",
 	} {
 		if !strings.Contains(stdout, want) {
@@ -41,6 +43,14 @@ func TestInitThreeSites(t *testing.T) {
 		}
 		if c.HTTP == "" || c.NATS.Server.Cluster == nil || len(c.NATS.Server.Cluster.Routes) != 2 {
 			t.Errorf("%s: http %q cluster %+v", node, c.HTTP, c.NATS.Server.Cluster)
+		}
+		for name, id := range c.Security.Nodes {
+			if len(id.CertSHA256) != 64 {
+				t.Errorf("%s: node %s's certificate is not pinned: %q", node, name, id.CertSHA256)
+			}
+		}
+		if len(c.Security.Admins) != 1 {
+			t.Errorf("%s: admins %v", node, c.Security.Admins)
 		}
 	}
 
