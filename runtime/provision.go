@@ -224,13 +224,13 @@ func Provision(ctx context.Context, js jetstream.JetStream, assets []Asset, log 
 // ProvisionCreateOnly is Provision for an identity that may create the
 // assets but not change them (a node under a security section: a stream
 // update can also shorten its history to nothing): every change Provision
-// would apply is reported Refused instead, for an operator to make.
+// would apply is reported Refused instead, for an admin to make.
 func ProvisionCreateOnly(ctx context.Context, js jetstream.JetStream, assets []Asset, log *slog.Logger) (Provisioned, error) {
 	return provision(ctx, js, assets, false, log)
 }
 
-// refusedToNodes is why a secured node leaves a change to an operator.
-const refusedToNodes = "a node of a secured deployment creates the assets but may not change them: an operator changes the stream (nats stream edit, as an operator identity; docs/operations.md)"
+// refusedToNodes is why a secured node leaves a change to an admin.
+const refusedToNodes = "a node of a secured deployment creates the assets but may not change them: an admin changes the stream (nats stream edit, with the admin identity understudy init wrote; docs/operations.md)"
 
 func provision(ctx context.Context, js jetstream.JetStream, assets []Asset, mayUpdate bool, log *slog.Logger) (Provisioned, error) {
 	var p Provisioned

@@ -1207,7 +1207,7 @@ func TestSecuredNodeConfigRefusals(t *testing.T) {
 
 // A secured node creates the assets but leaves every change of their
 // settings to an operator: it reports them refused, saying so.
-func TestProvisionCreateOnlyLeavesChangesToOperators(t *testing.T) {
+func TestProvisionCreateOnlyLeavesChangesToAdmins(t *testing.T) {
 	es := startEmbedded(t, slog.New(slog.DiscardHandler))
 	js, err := jetstream.New(connectTo(t, es.ClientURL()))
 	if err != nil {
@@ -1227,7 +1227,7 @@ func TestProvisionCreateOnlyLeavesChangesToOperators(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := p.Assets[0]
-	if r.Outcome != Unchanged || len(r.Refused) != 1 || r.Refused[0].Field != "history" || !strings.Contains(r.Refused[0].Reason, "an operator changes the stream") {
+	if r.Outcome != Unchanged || len(r.Refused) != 1 || r.Refused[0].Field != "history" || !strings.Contains(r.Refused[0].Reason, "an admin changes the stream") {
 		t.Errorf("report %+v", r)
 	}
 	st, err := js.Stream(ctx, assets[0].StreamName())
