@@ -409,7 +409,8 @@ func TestFastDecodersAgree(t *testing.T) {
 			Term: rapid.Uint64().Draw(t, "term"), Beat: rapid.Uint64().Draw(t, "beat"),
 			Handoff: rapid.SampledFrom([]string{"", "site-a", "x"}).Draw(t, "handoff"),
 			Fenced:  rapid.Bool().Draw(t, "fenced"), Planned: rapid.Bool().Draw(t, "planned"),
-			By: rapid.SampledFrom([]string{"", "site-a", "b"}).Draw(t, "by"),
+			By:   rapid.SampledFrom([]string{"", "site-a", "b"}).Draw(t, "by"),
+			Prev: rapid.Uint64().Draw(t, "prev"),
 		}
 		if rapid.Bool().Draw(t, "signed") {
 			l.Sig = rapid.SliceOfN(rapid.Byte(), 1, 80).Draw(t, "sig")

@@ -50,6 +50,11 @@ func (f *Fold) decodeLeaderFast(b []byte) (v leaderValue, ok bool) {
 				return v, false
 			}
 			continue
+		case "pv":
+			if _, i, err = mp.Uint(b, i); err != nil {
+				return v, false
+			}
+			continue
 		}
 		if len(k) != 1 {
 			return v, false

@@ -132,8 +132,12 @@ type faultAux struct {
 	on    bool   // it took effect
 	wins  int    // the node's acquires won when it began
 	pause uint64 // the pause it started
-	// A forger's: the term and beat count of its latest forged value.
+	// A forger's: the term and beat count of its latest forged value; a
+	// replaying forger's values to replay (newest first) and how many it
+	// wrote.
 	fterm, fbeat uint64
+	replay       []failover.Leader
+	replays      int
 }
 
 func (s *sim) scope(site string) int {

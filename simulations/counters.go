@@ -60,6 +60,7 @@ const (
 	// Forgers (forge.go).
 	cForgedWritten // a forger wrote a value no member wrote
 	cForgedIgnored // a member recorded a register value it does not take for a member's write
+	cLostToForger  // a holder took a value the forger wrote for another's write and lost the register
 	numCounters
 )
 
@@ -116,6 +117,7 @@ var counterNames = [numCounters]string{
 	cDBFailbackStreamed:    "db-failback-to-streaming-standby",
 	cForgedWritten:         "forged-value-written",
 	cForgedIgnored:         "forged-value-ignored",
+	cLostToForger:          "leadership-lost-to-forged-value",
 }
 
 func (c counterID) String() string { return counterNames[c] }

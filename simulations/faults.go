@@ -77,7 +77,8 @@ var faultNames = [...]string{"", "partition", "stall", "loss", "latency", "crash
 // runtime verifies the signature of every register value (runtime.ValueTrust),
 // so a register value the forger writes reaches the members as Forged —
 // unless By names the site whose node key the forger holds (a peer): it is
-// then signed by that node, and By is that site. Heartbeats are not signed:
+// then signed by that node, and By is that site — or it re-writes a value
+// a member wrote (ForgeReplay), whose signature verifies. Heartbeats are not signed:
 // NATS permissions let a node write only its own sites' keys, so the
 // forger writes a heartbeat under a key it may write (Key), claiming Site
 // in the value.
@@ -94,9 +95,17 @@ const (
 	// ForgeReady writes every heartbeat_timeout, under <pair>.hb.<Key>, a
 	// ready follower's heartbeat claiming to be Site's.
 	ForgeReady
+	// ForgeReplay re-writes every heartbeat_timeout one of the latest
+	// register values Site wrote before the fault began (its beats, its
+	// acquire, its release), as they were stored, newest first and round
+	// again: the signature is Site's node's and verifies, so the values
+	// reach the members as genuine. Anyone who may publish on the
+	// register's subject can: the pair's other node, or any client that
+	// read the key's history.
+	ForgeReplay
 )
 
-var forgeNames = [...]string{"", "handoff", "beats", "ready"}
+var forgeNames = [...]string{"", "handoff", "beats", "ready", "replay"}
 
 func (f Forge) String() string {
 	if f <= 0 || int(f) >= len(forgeNames) {
@@ -314,7 +323,7 @@ func FormatFaults(fs []Fault) string {
 //	replcut(SITE)@AT+FOR                  repllag(SITE,BYTES)@AT+FOR
 //	proc(SITE,rejoin,fail|hang|slow)@AT+FOR
 //	forge(handoff,SITE[,by=SITE])@AT      forge(beats,SITE[,by=SITE])@AT+FOR
-//	forge(ready,SITE,KEY)@AT+FOR
+//	forge(ready,SITE,KEY)@AT+FOR            forge(replay,SITE)@AT+FOR
 //
 // replcut, repllag and rejoin faults need the database mode (db-* scenarios).
 //
@@ -562,15 +571,15 @@ func parseFault(raw, primary, replica string) (Fault, error) {
 }
 
 // parseForge reads the arguments of forge(...): handoff,SITE[,by=SITE],
-// beats,SITE[,by=SITE] or ready,SITE,KEY.
+// beats,SITE[,by=SITE], ready,SITE,KEY or replay,SITE.
 func parseForge(f *Fault, a []string, site func(string, bool) (string, error)) error {
-	form := "forge(handoff,SITE[,by=SITE]), forge(beats,SITE[,by=SITE]) or forge(ready,SITE,KEY)"
+	form := "forge(handoff,SITE[,by=SITE]), forge(beats,SITE[,by=SITE]), forge(ready,SITE,KEY) or forge(replay,SITE)"
 	if len(a) < 2 {
 		return fmt.Errorf("want %s", form)
 	}
 	f.Forge = Forge(slices.Index(forgeNames[:], a[0]))
 	if f.Forge <= 0 {
-		return fmt.Errorf("forged value %q: want handoff, beats or ready", a[0])
+		return fmt.Errorf("forged value %q: want handoff, beats, ready or replay", a[0])
 	}
 	var err error
 	if f.Site, err = site(a[1], false); err != nil {
@@ -589,6 +598,9 @@ func parseForge(f *Fault, a []string, site func(string, bool) (string, error)) e
 			return fmt.Errorf("key site %q: NATS permissions let only %s's node write %s's heartbeat key: a forger writes under a key it may write, claiming %s in the value", f.Key, f.Site, f.Site, f.Site)
 		}
 		rest = nil
+	}
+	if f.Forge == ForgeReplay && len(rest) > 0 {
+		return fmt.Errorf("want forge(replay,SITE): a replay re-writes SITE's values with their own signatures, no by=SITE")
 	}
 	switch {
 	case len(rest) > 1:

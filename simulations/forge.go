@@ -14,8 +14,10 @@ import (
 // (runtime.ValueTrust): a value the forger writes unsigned reaches the
 // members as failover.LeaderEntry.Forged, with the latest genuine entry of
 // the key's history before it; one it writes with a peer's node key (By)
-// verifies, and only what it says can give it away. Heartbeats are not
-// signed: the forger writes them under a key it may write.
+// verifies, and only what it says can give it away. One it replays
+// (ForgeReplay) is a member's own value, signature and all: only that it
+// is an older one can give it away. Heartbeats are not signed: the forger
+// writes them under a key it may write.
 
 // forgeStart runs fault i, a FaultForge, at its start: one write, and for
 // beats and ready one every heartbeat_timeout until the fault ends.
@@ -35,8 +37,16 @@ func (s *sim) forgeStart(i int) {
 func (s *sim) forgeWrite(i int) {
 	f := s.faults[i]
 	a := &s.aux[i]
+	if f.Forge == ForgeReplay && !a.on {
+		// What it replays is what it could read when it began.
+		a.on, a.replay = true, s.writtenBy(f.Site, replayDepth)
+	}
 	if s.server.down || s.cl.cut {
 		s.tracef("forger", "forged %s lost: NATS is unavailable", f.Forge)
+		return
+	}
+	if f.Forge == ForgeReplay {
+		s.forgeReplay(f, a)
 		return
 	}
 	s.count(cForgedWritten)
@@ -89,6 +99,57 @@ func (s *sim) forgeWrite(i int) {
 	s.fanOut(rev, failover.LeaderObserved{Entry: s.leaderEntry(rev, ts, l, forged)})
 }
 
+// replayDepth is how many of a site's latest register values a replaying
+// forger cycles through: its latest beats, or a release and the beats
+// before it.
+const replayDepth = 3
+
+// forgeReplay writes the next of the values a replaying forger replays,
+// as they were stored: their signatures verify (the entry is not Forged).
+func (s *sim) forgeReplay(f Fault, a *faultAux) {
+	if len(a.replay) == 0 {
+		s.tracef("forger", "nothing of %s's to replay: it wrote no register value before %s", f.Site, f.At)
+		return
+	}
+	s.count(cForgedWritten)
+	l := a.replay[a.replays%len(a.replay)]
+	a.replays++
+	key := failover.LeaderKey(s.rules.Pair)
+	rev, ts := s.server.put(s.now, key, failover.EncodeLeader(l))
+	s.replayed[rev] = true
+	s.top = regView{l: l, rev: rev, ts: ts, known: true}
+	s.refreshViews()
+	s.tr.u64(rev)
+	s.tracef("forger", "replays %s = %v, an older value %s wrote, its signature and all (rev %d)", key, l, f.Site, rev)
+	s.fanOut(rev, failover.LeaderObserved{Entry: s.leaderEntry(rev, ts, l, false)})
+}
+
+// writtenBy is the latest n distinct register values site wrote, from the
+// key's history as the server holds it now, newest first (what a forger
+// who reads the history can replay; not what forgers wrote, unsigned or
+// replayed).
+func (s *sim) writtenBy(site string, n int) []failover.Leader {
+	hist, err := s.server.kv.History(bg, failover.LeaderKey(s.rules.Pair))
+	if err != nil {
+		return nil
+	}
+	var out []failover.Leader
+	seen := map[string]bool{}
+	for i := len(hist) - 1; i >= 0 && len(out) < n; i-- {
+		e := hist[i]
+		if e.Op != events.OpPut || s.forged[e.Revision] || s.replayed[e.Revision] {
+			continue
+		}
+		l, err := failover.DecodeLeader(e.Value)
+		if err != nil || l.By != site || seen[string(e.Value)] {
+			continue
+		}
+		seen[string(e.Value)] = true
+		out = append(out, l)
+	}
+	return out
+}
+
 // leaderEntry is a register revision as a member receives it: with the
 // latest genuine holder's write before it from the key's history, as the
 // runtime reads it, when failover.WantsGenuine.
@@ -122,12 +183,17 @@ func (s *sim) genuineBefore(rev uint64, own bool) *failover.LeaderEntry {
 	return nil
 }
 
-// forgetForged drops the forged revisions a NATS power cut lost: the
-// server hands their numbers out again.
+// forgetForged drops the forged and replayed revisions a NATS power cut
+// lost: the server hands their numbers out again.
 func (s *sim) forgetForged(kept uint64) {
 	for rev := range s.forged {
 		if rev > kept {
 			delete(s.forged, rev)
+		}
+	}
+	for rev := range s.replayed {
+		if rev > kept {
+			delete(s.replayed, rev)
 		}
 	}
 }

@@ -441,6 +441,9 @@ func (s *sim) onMemberEvent(n *node, ev events.Event) {
 		s.count(cResumed)
 	case *failover.LeadershipLost:
 		s.count(cLeadershipLost)
+		if s.forged[e.Rev] || s.replayed[e.Rev] {
+			s.count(cLostToForger)
+		}
 	case *failover.DemotionRequested:
 		s.inv.demoteAt = s.now
 		if e.Reason == failover.DemoteFailback {

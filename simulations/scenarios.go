@@ -333,6 +333,24 @@ var scenarios = []*Scenario{
 		AutoOnly: []counterID{cFailback},
 	},
 	{
+		Name: "forged-replay", Summary: "a forger replays the primary's older signed values: its release and beats after a switchover to the replica (nobody takes them back to a term the register left), then its beats after it loses power for good (the replica takes over within the bound all the same)",
+		Duration: 4 * time.Minute,
+		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+			away := between(r, 30*time.Second, 40*time.Second)
+			back := away + 50*time.Second
+			cut := back + 40*time.Second + between(r, 0, 5*time.Second)
+			return []Fault{
+				{Kind: FaultSwitchover, Site: rl.Replica, At: away},
+				{Kind: FaultForge, Forge: ForgeReplay, Site: rl.Primary, At: away + between(r, 8*time.Second, 10*time.Second), For: 20 * time.Second},
+				{Kind: FaultSwitchover, Site: rl.Primary, At: back},
+				{Kind: FaultPowerCut, Site: rl.Primary, At: cut},
+				{Kind: FaultForge, Forge: ForgeReplay, Site: rl.Primary, At: cut + between(r, 100*time.Millisecond, rl.HeartbeatTimeout), For: 40 * time.Second},
+			}
+		},
+		Required:  []counterID{cSwitchover, cFailover, cDeadReplaced, cForgedWritten, cForgedIgnored},
+		Forbidden: []counterID{cLostToForger},
+	},
+	{
 		Name: "random", Summary: "a random schedule drawing on every fault kind (what --swarm runs)",
 		Duration: time.Hour,
 		Schedule: RandomSchedule,

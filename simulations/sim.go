@@ -232,14 +232,15 @@ type sim struct {
 	// The register as the members last wrote it (decoded once per write):
 	// the checkers judge what members do against it. top is the register
 	// as the server holds it, the forger's values included; forged holds
-	// the revisions the forger wrote unsigned; heldBy each site's latest
-	// term and beat in the register.
+	// the revisions the forger wrote unsigned, replayed those it replayed;
+	// heldBy each site's latest term and beat in the register.
 	reg      failover.Leader
 	regRev   uint64
 	regTime  time.Time
 	regKnown bool
 	top      regView
 	forged   map[uint64]bool
+	replayed map[uint64]bool
 	heldBy   [2]struct{ term, beat uint64 }
 
 	inv  invariants
@@ -315,7 +316,7 @@ func newSim(cfg Config) (*sim, error) {
 	s := &sim{
 		cfg: cfg, sc: sc, rules: rules, opts: opts,
 		end: cfg.Duration, codec: NewCodec(), tw: cfg.Trace, log: cfg.Logger,
-		forged: map[uint64]bool{},
+		forged: map[uint64]bool{}, replayed: map[uint64]bool{},
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -356,8 +357,8 @@ func newSim(cfg Config) (*sim, error) {
 			return nil, fmt.Errorf("fault %s: want a fence, promote, demote or rejoin chain and a mode", f)
 		case f.dbOnly() && !sc.Database:
 			return nil, fmt.Errorf("fault %s: needs the database mode: run a db-* scenario (see --list)", f)
-		case f.Kind == FaultForge && (f.Forge < ForgeHandoff || f.Forge > ForgeReady || (f.Forge != ForgeHandoff && f.For <= 0) || (f.By != "" && !rules.Has(f.By))):
-			return nil, fmt.Errorf("fault %s: want a forged handoff, beats for a duration or ready heartbeats for a duration", f)
+		case f.Kind == FaultForge && (f.Forge < ForgeHandoff || f.Forge > ForgeReplay || (f.Forge == ForgeReplay && f.By != "") || (f.Forge != ForgeHandoff && f.For <= 0) || (f.By != "" && !rules.Has(f.By))):
+			return nil, fmt.Errorf("fault %s: want a forged handoff, beats, ready heartbeats or replays (without by=) for a duration", f)
 		case f.Kind == FaultForge && f.Forge == ForgeReady && (f.Key == "" || f.Key == f.Site):
 			return nil, fmt.Errorf("fault %s: a forged heartbeat needs a key other than the site it claims", f)
 		case f.Kind < FaultPartition || f.Kind > FaultForge || f.At < 0 || f.For < 0:

@@ -179,10 +179,21 @@ type Member struct {
 	leaderKnown  bool
 	leaderSeenAt time.Duration
 	regRev       uint64
-	forgedSeen   [forgedKeep]uint64 // the latest revisions recorded as no member's write (a ring)
-	forgedNext   int
-	ownBeatTime  time.Time
-	ownBeatRev   uint64
+	// The register's high-water mark among the values this member took
+	// (see takeLeader): the highest term, the latest holder's write in it
+	// (hwSite, hwBeat; hwHeld: one was taken) and whether it was left
+	// without a holder in that term (a release, a vacant value): a
+	// holder's value at or below it may be an older one replayed (see
+	// replayed).
+	hwTerm      uint64
+	hwSite      string
+	hwBeat      uint64
+	hwHeld      bool
+	hwVacant    bool
+	forgedSeen  [forgedKeep]uint64 // the latest revisions recorded as no member's write (a ring)
+	forgedNext  int
+	ownBeatTime time.Time
+	ownBeatRev  uint64
 	// storeResumed is the server time of this member's first heartbeat
 	// after a stretch of more than 2 heartbeat_timeout in which none of
 	// its own landed: the store (or the way to it) stalled for everyone,
@@ -589,14 +600,14 @@ func (m *Member) advance(due time.Duration) time.Duration {
 func (m *Member) writeRegister() {
 	var w Write
 	if m.phase == PhaseReleasing {
-		l := Leader{Term: m.term, Handoff: m.handoff, Planned: m.demoteReason == DemoteSwitchover, By: m.site}
+		l := Leader{Term: m.term, Handoff: m.handoff, Planned: m.demoteReason == DemoteSwitchover, By: m.site, Prev: m.lastRev}
 		w = Write{Kind: WriteRelease, Key: LeaderKey(m.rules.Pair), Leader: l, ExpectRev: m.lastRev}
 	} else {
 		// A suspended holder that has had success_threshold good writes
 		// announces that it is about to serve: this write is unfenced, and
 		// it serves only once this write has landed (see onBeatSuccess).
 		fenced := m.phase == PhaseSuspended && m.successes < m.rules.SuccessThreshold
-		l := Leader{Site: m.site, Term: m.term, Beat: m.beat + 1, Fenced: fenced, Sync: m.syncReg, Paused: m.paused, PauseRev: m.pauseRev, By: m.site}
+		l := Leader{Site: m.site, Term: m.term, Beat: m.beat + 1, Fenced: fenced, Sync: m.syncReg, Paused: m.paused, PauseRev: m.pauseRev, By: m.site, Prev: m.lastRev}
 		if m.opts.Positions && m.statusKnown && m.status.Role == capability.RolePrimary {
 			l.Flush, l.Timeline = m.status.Flush, m.status.Timeline
 		}
@@ -639,7 +650,7 @@ func (m *Member) acquire(reason AcquireReason, expect uint64, stale time.Duratio
 	// request) is not handed back by failback: auto.
 	m.acq.planned = (reason == AcquireHandoff && m.leader.Value.Planned) || reason == AcquireOperator
 	m.emit(&AcquireAttempted{Reason: reason, Term: term, ExpectRev: expect, Stale: stale})
-	l := Leader{Site: m.site, Term: term, By: m.site}
+	l := Leader{Site: m.site, Term: term, By: m.site, Prev: expect}
 	w := Write{Op: m.nextOp(), Kind: WriteAcquire, Key: LeaderKey(m.rules.Pair), Leader: l,
 		Value: EncodeLeader(l), ExpectRev: expect, Deadline: m.now + m.rules.HeartbeatTimeout}
 	m.inflight = &pendingWrite{op: w.Op, kind: w.Kind, deadline: w.Deadline, leader: l, expect: expect}
@@ -764,13 +775,23 @@ func (m *Member) maybeResume() {
 		m.emit(&Resumed{Term: m.leader.Value.Term, Rev: m.leader.Rev})
 		// Revisions above its own latest write are values no member wrote
 		// (see observeLeader): its first write replaces them.
-		m.lastRev, m.beat = m.regRev, m.leader.Value.Beat
+		m.lastRev, m.beat = m.regRev, max(m.beat, m.leader.Value.Beat)
 		m.syncReg, m.syncLanded = m.leader.Value.Sync, m.leader.Value.Sync
 		m.failures, m.successes = 0, 0
 		m.nextBeatAt = m.now
 		if m.inflight == nil {
 			m.writeRegister()
 		}
+	}
+}
+
+// adoptBeat makes this holder's next beat count on from l, its own
+// write that landed (a write of its previous process, after a restart),
+// when l's beat is above the latest it issued: the other member takes a
+// holder's beat at or below one it took for a replay (see replayed).
+func (m *Member) adoptBeat(l Leader) {
+	if m.mine(l) && l.Beat > m.beat {
+		m.beat = l.Beat
 	}
 }
 
@@ -887,6 +908,7 @@ func (m *Member) onLeaderWriteAnswered(w pendingWrite, r WriteResult) {
 				// most once per landed write of ours: the revision only
 				// grows).
 				m.lastRev = max(m.lastRev, r.Current.Rev)
+				m.adoptBeat(r.Current.Value)
 				m.nextBeatAt = m.now
 				return
 			}
@@ -1095,10 +1117,12 @@ func (m *Member) ignore(e LeaderEntry, why string) {
 // distrust says why register entry e is not a value a member wrote, or ""
 // when it is one as far as this member can tell: its signature verifies
 // (the host says Forged otherwise), a holder's value is written by the
-// holder (By), and leader = none is written by the holder of the register
-// as this member last knew it, in its term — only a holder releases, after
-// it demoted. Values without By (written before it existed, or with
-// verification off) are taken as they are.
+// holder (By) and is newer than every value of the register this member
+// took (see replayed), and leader = none is written by the holder of the
+// register as this member last knew it, in its term — only a holder
+// releases, after it demoted. Values without By (written before it
+// existed, or with verification off) are taken as they are, but for the
+// replay rule: no member writes an older holder's value.
 func (m *Member) distrust(e LeaderEntry) string {
 	v := e.Value
 	if why := m.plainlyForged(e); why != "" {
@@ -1109,8 +1133,49 @@ func (m *Member) distrust(e LeaderEntry) string {
 		if p := m.leader.Value; p.Site != v.By || p.Term != v.Term {
 			return fmt.Sprintf("leader = none written by %s in term %d, but the register's holder was %v: only the holder releases it, in its own term", v.By, v.Term, p)
 		}
+	case v.Site != "" && !e.Corrupt:
+		return m.replayed(v)
 	}
 	return ""
+}
+
+// replayed says why holder's value v is an older value written again, or
+// "" when it is the holder's fresh write as far as this member can tell.
+// A signature covers a value, not when it was written: anyone who may
+// publish on the register's subject can write a genuine value again, and
+// taken for the holder's it would keep a dead holder looking alive or
+// give the register back to a term it left. A holder's writes go up: its
+// term is above every term the register had (acquire), its beats grow
+// within the term (across a restart too: maybeResume, adoptBeat), it never
+// writes its term again once it released it, and each lands by CAS on the
+// register's latest revision (Prev). A value is fresh when its term and
+// beat are above the register's high-water mark as this member took it,
+// or when it was written on top of the latest member's write it took (a
+// holder that restarted while a replay was the register's latest value
+// counts its beats on from that one; only Prev shows that its beats are
+// new). A replay is neither, once the member took the value it copies or
+// a later one.
+func (m *Member) replayed(v Leader) string {
+	if v.Prev != 0 && m.leaderKnown && v.Prev >= m.leader.Rev {
+		return ""
+	}
+	why := ""
+	switch {
+	case v.Term < m.hwTerm:
+		why = fmt.Sprintf("term %d, below term %d, which the register already had", v.Term, m.hwTerm)
+	case v.Term > m.hwTerm:
+		return ""
+	case m.hwVacant:
+		why = fmt.Sprintf("the register was left without a holder in term %d", v.Term)
+	case m.hwHeld && m.hwSite == v.Site && v.Beat <= m.hwBeat:
+		why = fmt.Sprintf("beat %d of %s in term %d, not above beat %d, which it already wrote", v.Beat, v.Site, v.Term, m.hwBeat)
+	default:
+		return ""
+	}
+	if v.Prev != 0 {
+		why += fmt.Sprintf(", and its compare-and-set expected revision %d, older than revision %d, the latest member's write taken", v.Prev, m.leader.Rev)
+	}
+	return "a replay of an older value: " + why
 }
 
 // plainlyForged is the part of distrust that needs nothing but e: its
@@ -1166,11 +1231,30 @@ func (m *Member) takeLeader(e LeaderEntry) {
 		}
 	}
 	m.leader, m.leaderKnown, m.leaderSeenAt = e, true, m.now
+	m.raiseMark(e)
 	if e.Value.Site != "" {
 		m.pubSite, m.pubTerm, m.pubSync = e.Value.Site, e.Value.Term, e.Value.Sync
 		if e.Value.Flush != 0 {
 			m.pubFlush, m.pubBy = e.Value.Flush, holderID(e.Value.Site, e.Value.Term)
 		}
+	}
+}
+
+// raiseMark raises the register's high-water mark (see replayed) to e, a
+// value this member took.
+func (m *Member) raiseMark(e LeaderEntry) {
+	v := e.Value
+	switch {
+	case v.Term < m.hwTerm:
+		return // taken by its Prev (see replayed), or Corrupt with a term its host could not tell
+	case v.Term > m.hwTerm:
+		m.hwTerm, m.hwSite, m.hwBeat, m.hwHeld, m.hwVacant = v.Term, "", 0, false, false
+	}
+	switch {
+	case v.Site == "":
+		m.hwVacant = true
+	case !m.hwHeld || v.Site != m.hwSite || v.Beat > m.hwBeat:
+		m.hwSite, m.hwBeat, m.hwHeld = v.Site, v.Beat, true
 	}
 }
 
@@ -1186,6 +1270,7 @@ func (m *Member) onLeader(e LeaderEntry) {
 		switch {
 		case m.mine(t.Value):
 			m.lastRev = t.Rev // our own write, seen before its answer
+			m.adoptBeat(t.Value)
 		case m.phase == PhaseReleasing && t.Value.Site == "" && t.Value.Term == m.term && t.Value.Handoff == m.handoff && !t.Value.Fenced:
 			// Our release landed; its answer is still on the way.
 			m.inflight = nil

@@ -72,6 +72,13 @@ type Leader struct {
 	// security section.
 	By  string `msgpack:"by,omitempty"`
 	Sig []byte `msgpack:"sg,omitempty"`
+	// Prev is the register revision the write expected (its
+	// compare-and-set): a member's write lands only on top of it, so a
+	// value whose Prev is below a revision a member already took is an
+	// older value written again (a replay: the signature covers the value,
+	// not when it was written). 0 for a write that creates the key, and in
+	// values written before it existed.
+	Prev uint64 `msgpack:"pv,omitempty"`
 }
 
 // HolderWrite reports whether l is a holder's own value: it names a

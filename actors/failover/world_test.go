@@ -230,14 +230,36 @@ func (w *world) leaderEntry(e kvEntry) LeaderEntry {
 
 // forge has a forger write a value no member wrote, every for a while
 // (once without every): unsigned register values are Forged, by names
-// the site whose node key signs them; heartbeats go under key's key.
+// the site whose node key signs them; heartbeats go under key's key. A
+// replay re-writes the latest three register values site wrote (newest
+// first, then round again) as they were stored: their signatures verify.
 func (w *world) forge(kind, site, by, key string, every, until time.Duration) {
 	p := w.rules.Pair
 	var beat uint64
 	var term uint64
+	var replay [][]byte
 	var write func()
 	write = func() {
 		switch kind {
+		case "replay":
+			if replay == nil {
+				seen := map[string]bool{}
+				for i := len(w.regHist) - 1; i >= 0 && len(replay) < 3; i-- {
+					h := w.regHist[i]
+					if l, err := DecodeLeader(h.value); err == nil && l.By == site && !w.forged[h.rev] && !seen[string(h.value)] {
+						seen[string(h.value)] = true
+						replay = append(replay, h.value)
+					}
+				}
+			}
+			if len(replay) == 0 {
+				w.t.Fatalf("forge kind=replay site=%s: %s wrote no register value", site, site)
+			}
+			v := replay[int(beat)%len(replay)]
+			beat++
+			l, _ := DecodeLeader(v)
+			w.logf("forger", "replays %s = %v by=%q", LeaderKey(p), l, l.By)
+			w.putForged(LeaderKey(p), v, false)
 		case "handoff":
 			cur, _ := DecodeLeader(w.kv[LeaderKey(p)].value)
 			l := Leader{Term: cur.Term, Handoff: site, By: by}
