@@ -257,8 +257,25 @@ func (f *natsFlags) connect(ctx context.Context) (*nats.Conn, events.KV, error) 
 // <pair>.rules.<site>, and the first of those that decodes is returned (the
 // entry's Key says which).
 func readRules(ctx context.Context, kv events.KV, pair string) (failover.Rules, events.Entry, error) {
+	return readRulesFor(ctx, kv, pair)
+}
+
+// readRulesFor is readRules that first reads the published rules of the
+// sites named (those the register names, when known) directly, before it
+// watches every <pair>.rules.<site>.
+func readRulesFor(ctx context.Context, kv events.KV, pair string, sites ...string) (failover.Rules, events.Entry, error) {
 	e, err := kv.Get(ctx, failover.ConfigKey(pair))
 	if errors.Is(err, events.ErrNotFound) {
+		for _, site := range sites {
+			if site == "" {
+				continue
+			}
+			if pe, err := kv.Get(ctx, failover.RulesKey(pair, site)); err == nil {
+				if r, err := failover.DecodeRules(pe.Value); err == nil && r.Pair == pair {
+					return r, pe, nil
+				}
+			}
+		}
 		if r, pe, ok := publishedRules(ctx, kv, pair); ok {
 			return r, pe, nil
 		}
@@ -477,6 +494,15 @@ func pairsIn(ctx context.Context, nc *nats.Conn, bucket, want string) ([]string,
 	if err != nil {
 		return nil, err
 	}
+	if want != "" {
+		// One pair: read its keys directly rather than list the bucket
+		// (a listing is a consumer, which needs the meta leader).
+		for _, key := range []string{failover.LeaderKey(want), failover.ConfigKey(want)} {
+			if _, err := kv.Get(ctx, key); err == nil {
+				return []string{want}, nil
+			}
+		}
+	}
 	lister, err := kv.ListKeysFiltered(ctx, "*.leader", "*.config", "*.rules.*")
 	if err != nil {
 		return nil, err
@@ -516,23 +542,44 @@ func pairStatus(ctx context.Context, kv events.KV, pair string, now time.Time) (
 	} else if !errors.Is(err, events.ErrNotFound) {
 		return st, err
 	}
-	if r, e, err := readRules(ctx, kv, pair); err == nil {
+	var members []string
+	if r, e, err := readRulesFor(ctx, kv, pair, leaderValue.Site, leaderValue.By, leaderValue.Handoff); err == nil {
 		rs := &RulesStatus{Rev: e.Revision, Key: e.Key, rulesJSON: rulesOf(r)}
 		if e.Key != failover.ConfigKey(pair) {
 			rs.Rev = 0 // the pair file's rules, which members report as revision 0
 		}
 		st.Rules = rs
+		members = []string{r.Primary, r.Replica}
 	}
-	// Members' own heartbeats, whether or not the rules are known.
-	w, err := kv.Watch(ctx, pair+".hb.*", events.WatchOptions{})
-	if err != nil {
-		return st, err
-	}
-	defer w.Stop()
-	for e := range w.Updates() {
-		if e.Revision == 0 {
-			break
+	// Members' own heartbeats, whether or not the rules are known: with
+	// the rules, the two members' keys are read directly (no consumer,
+	// which needs the JetStream meta leader and waits for its election
+	// after a site's loss); without, every heartbeat key is watched.
+	var hbs []events.Entry
+	if members != nil {
+		for _, site := range members {
+			e, err := kv.Get(ctx, failover.HeartbeatKey(pair, site))
+			switch {
+			case err == nil:
+				hbs = append(hbs, e)
+			case !errors.Is(err, events.ErrNotFound):
+				return st, err
+			}
 		}
+	} else {
+		w, err := kv.Watch(ctx, pair+".hb.*", events.WatchOptions{})
+		if err != nil {
+			return st, err
+		}
+		for e := range w.Updates() {
+			if e.Revision == 0 {
+				break
+			}
+			hbs = append(hbs, e)
+		}
+		w.Stop()
+	}
+	for _, e := range hbs {
 		if e.Op != events.OpPut {
 			continue
 		}
