@@ -61,6 +61,7 @@ const (
 	cForgedWritten // a forger wrote a value no member wrote
 	cForgedIgnored // a member recorded a register value it does not take for a member's write
 	cLostToForger  // a holder took a value the forger wrote for another's write and lost the register
+	cAppendIDTaken // a duplicate ack named a record not the appender's (a message on another subject under its id): appended again
 	numCounters
 )
 
@@ -118,6 +119,7 @@ var counterNames = [numCounters]string{
 	cForgedWritten:         "forged-value-written",
 	cForgedIgnored:         "forged-value-ignored",
 	cLostToForger:          "leadership-lost-to-forged-value",
+	cAppendIDTaken:         "event-append-id-taken",
 }
 
 func (c counterID) String() string { return counterNames[c] }

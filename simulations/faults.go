@@ -103,9 +103,18 @@ const (
 	// register's subject can: the pair's other node, or any client that
 	// read the key's history.
 	ForgeReplay
+	// ForgeMsgID publishes every heartbeat_timeout, on a subject of the
+	// events stream of its own (forgerSubject), a message under the
+	// message id Site's member would give its next event, as far as its
+	// latest record tells: JetStream deduplicates ids across the whole
+	// stream, so the member's append under that id would be answered
+	// "duplicate" and not stored. Anyone who may publish on any subject of
+	// the stream (a node, on its agent's trail) and read the member's
+	// records can.
+	ForgeMsgID
 )
 
-var forgeNames = [...]string{"", "handoff", "beats", "ready", "replay"}
+var forgeNames = [...]string{"", "handoff", "beats", "ready", "replay", "msgid"}
 
 func (f Forge) String() string {
 	if f <= 0 || int(f) >= len(forgeNames) {
@@ -324,6 +333,7 @@ func FormatFaults(fs []Fault) string {
 //	proc(SITE,rejoin,fail|hang|slow)@AT+FOR
 //	forge(handoff,SITE[,by=SITE])@AT      forge(beats,SITE[,by=SITE])@AT+FOR
 //	forge(ready,SITE,KEY)@AT+FOR            forge(replay,SITE)@AT+FOR
+//	forge(msgid,SITE)@AT+FOR
 //
 // replcut, repllag and rejoin faults need the database mode (db-* scenarios).
 //
@@ -571,15 +581,15 @@ func parseFault(raw, primary, replica string) (Fault, error) {
 }
 
 // parseForge reads the arguments of forge(...): handoff,SITE[,by=SITE],
-// beats,SITE[,by=SITE], ready,SITE,KEY or replay,SITE.
+// beats,SITE[,by=SITE], ready,SITE,KEY, replay,SITE or msgid,SITE.
 func parseForge(f *Fault, a []string, site func(string, bool) (string, error)) error {
-	form := "forge(handoff,SITE[,by=SITE]), forge(beats,SITE[,by=SITE]), forge(ready,SITE,KEY) or forge(replay,SITE)"
+	form := "forge(handoff,SITE[,by=SITE]), forge(beats,SITE[,by=SITE]), forge(ready,SITE,KEY), forge(replay,SITE) or forge(msgid,SITE)"
 	if len(a) < 2 {
 		return fmt.Errorf("want %s", form)
 	}
 	f.Forge = Forge(slices.Index(forgeNames[:], a[0]))
 	if f.Forge <= 0 {
-		return fmt.Errorf("forged value %q: want handoff, beats, ready or replay", a[0])
+		return fmt.Errorf("forged value %q: want handoff, beats, ready, replay or msgid", a[0])
 	}
 	var err error
 	if f.Site, err = site(a[1], false); err != nil {
@@ -601,6 +611,9 @@ func parseForge(f *Fault, a []string, site func(string, bool) (string, error)) e
 	}
 	if f.Forge == ForgeReplay && len(rest) > 0 {
 		return fmt.Errorf("want forge(replay,SITE): a replay re-writes SITE's values with their own signatures, no by=SITE")
+	}
+	if f.Forge == ForgeMsgID && len(rest) > 0 {
+		return fmt.Errorf("want forge(msgid,SITE): event records are not signed, no by=SITE")
 	}
 	switch {
 	case len(rest) > 1:

@@ -43,7 +43,7 @@ func sortedByTime(fs []Fault) []Fault {
 }
 
 func TestParseForge(t *testing.T) {
-	spec := "forge(handoff,replica)@10s;forge(handoff,site-b,by=replica)@11s;forge(beats,primary)@12s+1m;forge(ready,site-a,site-b)@13s+30s;forge(replay,primary)@14s+20s"
+	spec := "forge(handoff,replica)@10s;forge(handoff,site-b,by=replica)@11s;forge(beats,primary)@12s+1m;forge(ready,site-a,site-b)@13s+30s;forge(replay,primary)@14s+20s;forge(msgid,replica)@15s+1m"
 	fs, err := ParseFaults(spec, "site-a", "site-b")
 	if err != nil {
 		t.Fatal(err)
@@ -54,11 +54,12 @@ func TestParseForge(t *testing.T) {
 		{Kind: FaultForge, Forge: ForgeBeats, Site: "site-a", At: 12 * time.Second, For: time.Minute},
 		{Kind: FaultForge, Forge: ForgeReady, Site: "site-a", Key: "site-b", At: 13 * time.Second, For: 30 * time.Second},
 		{Kind: FaultForge, Forge: ForgeReplay, Site: "site-a", At: 14 * time.Second, For: 20 * time.Second},
+		{Kind: FaultForge, Forge: ForgeMsgID, Site: "site-b", At: 15 * time.Second, For: time.Minute},
 	}
 	if !reflect.DeepEqual(fs, want) {
 		t.Fatalf("parsed\n %v\nwant\n %v", fs, want)
 	}
-	if got := FormatFaults(fs); got != "forge(handoff,site-b)@10s;forge(handoff,site-b,by=site-b)@11s;forge(beats,site-a)@12s+1m0s;forge(ready,site-a,site-b)@13s+30s;forge(replay,site-a)@14s+20s" {
+	if got := FormatFaults(fs); got != "forge(handoff,site-b)@10s;forge(handoff,site-b,by=site-b)@11s;forge(beats,site-a)@12s+1m0s;forge(ready,site-a,site-b)@13s+30s;forge(replay,site-a)@14s+20s;forge(msgid,site-b)@15s+1m0s" {
 		t.Errorf("formatted %q", got)
 	}
 }
@@ -107,6 +108,8 @@ func TestParseFaults(t *testing.T) {
 		{"forge(votes,site-a)@1s+1s", `forged value "votes"`},
 		{"forge(replay,site-a,by=site-b)@1s+1s", "no by=SITE"},
 		{"forge(replay,site-a)@1s", "needs a duration"},
+		{"forge(msgid,site-a,by=site-b)@1s+1s", "no by=SITE"},
+		{"forge(msgid,site-a)@1s", "needs a duration"},
 	} {
 		_, err := ParseFaults(tc.spec, "site-a", "site-b")
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

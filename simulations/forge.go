@@ -1,6 +1,8 @@
 package simulations
 
 import (
+	"strconv"
+	"strings"
 	"time"
 
 	"understudy/actors/failover"
@@ -17,10 +19,12 @@ import (
 // verifies, and only what it says can give it away. One it replays
 // (ForgeReplay) is a member's own value, signature and all: only that it
 // is an older one can give it away. Heartbeats are not signed: the forger
-// writes them under a key it may write.
+// writes them under a key it may write. A message-id forger (ForgeMsgID)
+// writes no key: it publishes on the events stream, under a member's next
+// message id (forgeMsgID).
 
-// forgeStart runs fault i, a FaultForge, at its start: one write, and for
-// beats and ready one every heartbeat_timeout until the fault ends.
+// forgeStart runs fault i, a FaultForge, at its start: one write and,
+// but for a handoff, one every heartbeat_timeout until the fault ends.
 func (s *sim) forgeStart(i int) {
 	s.forgeWrite(i)
 	f := s.faults[i]
@@ -45,8 +49,12 @@ func (s *sim) forgeWrite(i int) {
 		s.tracef("forger", "forged %s lost: NATS is unavailable", f.Forge)
 		return
 	}
-	if f.Forge == ForgeReplay {
+	switch f.Forge {
+	case ForgeReplay:
 		s.forgeReplay(f, a)
+		return
+	case ForgeMsgID:
+		s.forgeMsgID(f)
 		return
 	}
 	s.count(cForgedWritten)
@@ -122,6 +130,57 @@ func (s *sim) forgeReplay(f Fault, a *faultAux) {
 	s.tr.u64(rev)
 	s.tracef("forger", "replays %s = %v, an older value %s wrote, its signature and all (rev %d)", key, l, f.Site, rev)
 	s.fanOut(rev, failover.LeaderObserved{Entry: s.leaderEntry(rev, ts, l, false)})
+}
+
+// forgerSubject is the subject a message-id forger publishes on: one of
+// the events stream's that its own identity may write (a node may write
+// its agent's trail, ev.agent.<agent>.>), which no member and no replay of
+// the pair reads.
+const forgerSubject = "ev.agent.forger.trail"
+
+// forgedData is what a message-id forger publishes: only its id matters.
+var forgedData = []byte("forged")
+
+// forgeMsgID publishes, on forgerSubject, a message under the id f.Site's
+// member would give its next event as its latest record tells (nextMsgID).
+// While the id is in the stream's dedup window the member's append under
+// it is answered "duplicate" and not stored (events/memory.go, as
+// JetStream does, across subjects).
+func (s *sim) forgeMsgID(f Fault) {
+	sub := failover.Subject(s.rules.Pair, f.Site)
+	rec, ok := s.server.lastRecord(sub)
+	if !ok {
+		s.tracef("forger", "no record on %s to read an id from", sub)
+		return
+	}
+	id, ok := nextMsgID(rec)
+	if !ok {
+		s.tracef("forger", "%s's latest record (seq %d) carries no appender's id", sub, rec.Sequence)
+		return
+	}
+	ack := s.server.publish(s.now, forgerSubject, forgedData, id)
+	s.tr.u64(ack.Sequence)
+	if ack.Duplicate {
+		return // taken already, by its own earlier message or the member's append
+	}
+	s.count(cForgedWritten)
+	s.tracef("forger", "publishes on %s under %s, the id of %s's next event (seq %d)", forgerSubject, id, f.Site, ack.Sequence)
+}
+
+// nextMsgID is the message id an appender that wrote rec, the latest
+// record on its subject, gives its next event if the id's tail repeats:
+// subject@position/tail with position rec.Sequence + 1 (the appender
+// expects the subject's last sequence) and rec's tail. Without an event
+// part that is exactly the next id (subject@position/nonce); with one
+// (events.AppenderMsgID) it is a guess that misses. ok is false when rec
+// carries no appender's id.
+func nextMsgID(rec events.Record) (string, bool) {
+	if _, ok := events.AppendedBy(rec); !ok {
+		return "", false
+	}
+	rest := strings.TrimPrefix(rec.Headers["Nats-Msg-Id"], rec.Subject+"@")
+	_, tail, _ := strings.Cut(rest, "/")
+	return rec.Subject + "@" + strconv.FormatUint(rec.Sequence+1, 10) + "/" + tail, true
 }
 
 // writtenBy is the latest n distinct register values site wrote, from the

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"understudy/actors/failover"
+	"understudy/events"
 )
 
 // Invariant names, as reported.
@@ -296,9 +297,8 @@ func (v *invariants) failbackDecided(s *sim, n *node, site string) {
 // records say whether one did.
 func (v *invariants) memberStopped(s *sim, n *node, subject string, last uint64, err error) {
 	own, rival := 0, 0
-	suffix := "/" + n.nonce
-	s.server.recordsAfter(subject, last, func(_ uint64, id string) {
-		if strings.HasSuffix(id, suffix) {
+	s.server.recordsAfter(subject, last, func(rec events.Record) {
+		if nonce, ok := events.AppendedBy(rec); ok && nonce == n.nonce {
 			own++
 		} else {
 			rival++

@@ -18,13 +18,15 @@ type pendingWrite struct {
 }
 
 // appender is the runtime's event appender: one append in flight per
-// subject, expected last subject sequence and a message id per position,
-// retried after a timeout. Its queue dies with the process.
+// subject, expected last subject sequence and a message id per event
+// (events.AppenderMsgID), retried after a timeout. Its queue dies with the
+// process.
 type appender struct {
 	subject  string
 	queue    [][]byte
 	born     []time.Duration // the node's local clock when each queued event was produced
 	marks    []int32         // 1 + the index of the outage a queued serving_started ends (0: none)
+	ids      []string        // the random part of each queued event's message id ("": not drawn yet)
 	inflight bool
 	waiting  bool          // a failed attempt's backoff runs
 	backoff  time.Duration // the next backoff (0: the first)
@@ -61,6 +63,7 @@ type node struct {
 	site    string
 	primary bool
 	rng     *rand.Rand
+	idRNG   *rand.Rand // draws the random part of its events' message ids (a stream of its own)
 
 	alive   bool   // the member process runs
 	halted  bool   // its member stopped for good (append conflict); the process runs on
@@ -135,6 +138,7 @@ type node struct {
 func (s *sim) newNode(i int, site string) *node {
 	n := &node{idx: i, site: site, primary: site == s.rules.Primary, powered: true}
 	n.rng = rand.New(rand.NewPCG(s.cfg.Seed, streamNode+uint64(i)))
+	n.idRNG = rand.New(rand.NewPCG(s.cfg.Seed, streamEventID+uint64(i)))
 	n.clk = nodeClock{base: time.Duration(n.rng.Int64N(int64(24 * time.Hour))), ppm: n.rng.Int64N(201) - 100}
 	span := int64(max(s.maxLat/4, time.Millisecond))
 	n.up.base = minLatency + time.Duration(n.rng.Int64N(span))

@@ -159,6 +159,28 @@ var regressions = []struct {
 	// top of the latest member's write taken is fresh whatever its beat.
 	{name: "replay-while-the-holder-restarts", scenario: "random", seed: 1, duration: 2 * time.Minute,
 		faults: "forge(replay,site-a)@40s+40s;crash(site-a)@45.3s+2s"},
+	// Found on a real NATS (the runtime's fix is ff473df): JetStream
+	// deduplicates Nats-Msg-Id across the whole stream, and an appender's
+	// id (subject@position/nonce) could be told from its latest record.
+	// A forger (forge(msgid,SITE), forge.go) publishes on a subject of its
+	// own a message under the id the replica's member gives its next
+	// event. "Before" is this simulator with the appender model of
+	// ff473df~1 (ids without an event part, no check of a duplicate
+	// ack's record): the replica's acquire_attempted, once the primary had
+	// lost power, was answered "duplicate" with the forger's sequence and
+	// not stored; its next append expected that sequence and conflicted:
+	// member-stopped-without-rival at 34.416s, and nobody served from the
+	// power cut at 29.444s to the end (seeds 1-100 all fail). Fixed: a
+	// random part per event in the id (events.AppenderMsgID), and a
+	// duplicate ack counts only when it names the appender's own record
+	// (TestForgedMsgIDTakenIsAppendedAgain).
+	{name: "forged-msgid-swallows-an-event", scenario: "forged-msgid", seed: 1},
+	// The same forger on the holder, and a switchover: before, the
+	// primary's switchover_accepted was swallowed and its
+	// demotion_requested conflicted: member-stopped-without-rival at
+	// 30.020s.
+	{name: "forged-msgid-at-a-switchover", scenario: "random", seed: 1, duration: 2 * time.Minute,
+		faults: "forge(msgid,site-a)@10s+1m;switchover(site-b)@30s"},
 }
 
 func TestRegressionSeeds(t *testing.T) {

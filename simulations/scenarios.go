@@ -351,6 +351,19 @@ var scenarios = []*Scenario{
 		Forbidden: []counterID{cLostToForger},
 	},
 	{
+		Name: "forged-msgid", Summary: "a forger publishes, on a subject of its own, messages under the id the replica's member would give its next event; the primary loses power for good: the replica takes over and records it all the same",
+		Duration: 3 * time.Minute,
+		Schedule: func(r *rand.Rand, rl failover.Rules, d time.Duration) []Fault {
+			from := between(r, 10*time.Second, 20*time.Second)
+			cut := from + between(r, 10*time.Second, 20*time.Second)
+			return []Fault{
+				{Kind: FaultForge, Forge: ForgeMsgID, Site: rl.Replica, At: from, For: 2 * time.Minute},
+				{Kind: FaultPowerCut, Site: rl.Primary, At: cut},
+			}
+		},
+		Required: []counterID{cFailover, cDeadReplaced, cForgedWritten},
+	},
+	{
 		Name: "random", Summary: "a random schedule drawing on every fault kind (what --swarm runs)",
 		Duration: time.Hour,
 		Schedule: RandomSchedule,

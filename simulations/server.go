@@ -220,14 +220,15 @@ type appendResult struct {
 
 // appendEvent stores one encoded event with the runtime appender's options:
 // expected last subject sequence (looked up first when unknown; id is then
-// the appender's nonce, and the message id is completed here), the message
-// id, and how long the event waited on its node (events.HeaderQueued, when
-// it did). A refusal is answered with its JetStream error code.
-func (s *Server) appendEvent(t time.Duration, subject string, data []byte, last uint64, known bool, queued time.Duration, id string) appendResult {
+// the appender's nonce, and the message id is completed here with the
+// event's part), the message id, and how long the event waited on its node
+// (events.HeaderQueued, when it did). A refusal is answered with its
+// JetStream error code.
+func (s *Server) appendEvent(t time.Duration, subject string, data []byte, last uint64, known bool, queued time.Duration, id, event string) appendResult {
 	s.at(t)
 	if !known {
 		last, _ = s.log.LastSequence(bg, subject)
-		id = msgID(subject, last, id)
+		id = msgID(subject, last, id, event)
 	}
 	opts := events.Expect(last)
 	opts.MsgID = id
@@ -249,14 +250,43 @@ func (s *Server) appendEvent(t time.Duration, subject string, data []byte, last 
 	return appendResult{seq: ack.Sequence, duplicate: ack.Duplicate, last: last, id: id}
 }
 
-// recordsAfter calls fn with the message id of every record on subject
-// after sequence last (the checkers' ground truth).
-func (s *Server) recordsAfter(subject string, last uint64, fn func(seq uint64, id string)) {
+// publish stores a message under message id id, with no expectation (a
+// client that is not an appender: the message-id forger).
+func (s *Server) publish(t time.Duration, subject string, data []byte, id string) events.Ack {
+	s.at(t)
+	ack, err := s.log.AppendRaw(bg, subject, data, events.AppendOptions{MsgID: id})
+	if err != nil {
+		panic(fmt.Sprintf("simulated server: publish %s: %v", subject, err))
+	}
+	s.logSeq = max(s.logSeq, ack.Sequence)
+	return ack
+}
+
+// lastRecord is a subject's latest record (ok false: none).
+func (s *Server) lastRecord(subject string) (events.Record, bool) {
+	last, err := s.log.LastSequence(bg, subject)
+	if err != nil || last == 0 {
+		return events.Record{}, false
+	}
+	return s.recordAt(last)
+}
+
+// recordAt is the stream's record at sequence seq (ok false: none).
+func (s *Server) recordAt(seq uint64) (events.Record, bool) {
+	for rec, err := range s.log.Read(bg, events.ReadOptions{FromSeq: seq}) {
+		return rec, err == nil && rec.Sequence == seq
+	}
+	return events.Record{}, false
+}
+
+// recordsAfter calls fn with every record on subject after sequence last
+// (the checkers' ground truth).
+func (s *Server) recordsAfter(subject string, last uint64, fn func(rec events.Record)) {
 	for rec, err := range s.log.Read(bg, events.ReadOptions{Subject: subject, FromSeq: last + 1}) {
 		if err != nil {
 			return
 		}
-		fn(rec.Sequence, rec.Headers["Nats-Msg-Id"])
+		fn(rec)
 	}
 }
 

@@ -53,11 +53,11 @@ func TestPowerCutDurability(t *testing.T) {
 			s := NewServer(ServerOptions{Fsync: tc.fsync, FsyncInterval: time.Minute})
 			put(t, s, time.Second, "p.a", 0)
 			put(t, s, 2*time.Second, "p.b", 0)
-			s.appendEvent(3*time.Second, "ev.x", []byte("one"), 0, false, 0, "n1")
+			s.appendEvent(3*time.Second, "ev.x", []byte("one"), 0, false, 0, "n1", "e1")
 			// The sync at 1m keeps the above; what follows is acknowledged, not synced.
 			put(t, s, time.Minute+time.Second, "p.a", 0)
 			put(t, s, time.Minute+2*time.Second, "p.c", 0)
-			s.appendEvent(time.Minute+3*time.Second, "ev.x", []byte("two"), 1, true, 0, msgID("ev.x", 1, "n1"))
+			s.appendEvent(time.Minute+3*time.Second, "ev.x", []byte("two"), 1, true, 0, msgID("ev.x", 1, "n1", "e2"), "")
 			lostKV, lostEv := s.stop(time.Minute+4*time.Second, tc.power)
 			if lostKV != tc.wantLost {
 				t.Fatalf("lost %d KV writes, want %d", lostKV, tc.wantLost)

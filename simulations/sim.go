@@ -1,12 +1,13 @@
 package simulations
 
 import (
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"strconv"
 	"time"
 
 	"understudy/actors/failover"
@@ -186,6 +187,7 @@ type msg struct {
 	queued  time.Duration  // mAppend: how long the event waited on its node
 	mark    int32          // mAppend: 1 + the index of its record mark (0: none; see record.go)
 	id      string         // mAppend, mAppendAck: the message id (mAppend with known false: the appender's nonce; the server completes it)
+	event   string         // mAppend with known false: the random part of the message id
 	code    int32          // mAppendAck: the JetStream error code of a refusal (0: stored)
 	dup     bool           // mAppendAck: the server acked a duplicate
 	sent    time.Duration  // mWrite: when it was sent
@@ -357,8 +359,8 @@ func newSim(cfg Config) (*sim, error) {
 			return nil, fmt.Errorf("fault %s: want a fence, promote, demote or rejoin chain and a mode", f)
 		case f.dbOnly() && !sc.Database:
 			return nil, fmt.Errorf("fault %s: needs the database mode: run a db-* scenario (see --list)", f)
-		case f.Kind == FaultForge && (f.Forge < ForgeHandoff || f.Forge > ForgeReplay || (f.Forge == ForgeReplay && f.By != "") || (f.Forge != ForgeHandoff && f.For <= 0) || (f.By != "" && !rules.Has(f.By))):
-			return nil, fmt.Errorf("fault %s: want a forged handoff, beats, ready heartbeats or replays (without by=) for a duration", f)
+		case f.Kind == FaultForge && (f.Forge < ForgeHandoff || f.Forge > ForgeMsgID || ((f.Forge == ForgeReplay || f.Forge == ForgeMsgID) && f.By != "") || (f.Forge != ForgeHandoff && f.For <= 0) || (f.By != "" && !rules.Has(f.By))):
+			return nil, fmt.Errorf("fault %s: want a forged handoff, beats, ready heartbeats, or replays or message ids (without by=) for a duration", f)
 		case f.Kind == FaultForge && f.Forge == ForgeReady && (f.Key == "" || f.Key == f.Site):
 			return nil, fmt.Errorf("fault %s: a forged heartbeat needs a key other than the site it claims", f)
 		case f.Kind < FaultPartition || f.Kind > FaultForge || f.At < 0 || f.For < 0:
@@ -384,6 +386,7 @@ func newSim(cfg Config) (*sim, error) {
 const (
 	streamSchedule = 0x7573_696d_0002
 	streamNode     = 0x7573_696d_0100
+	streamEventID  = 0x7573_696d_0200
 )
 
 func (s *sim) push(it item) {
@@ -569,6 +572,7 @@ func (s *sim) appendEvent(n *node, stream int, ev events.Event) {
 	a.queue = append(a.queue, data)
 	a.born = append(a.born, n.clk.local(s.now))
 	a.marks = append(a.marks, s.markEvent(n, stream, ev))
+	a.ids = append(a.ids, "")
 	s.pump(n, stream)
 }
 
@@ -581,12 +585,17 @@ func (s *sim) pump(n *node, stream int) {
 	}
 	s.attempts++
 	a.inflight, a.attempt = true, s.attempts
+	if a.ids[0] == "" {
+		// Drawn before the event's first attempt and kept across its
+		// retries, as the runtime's appender does.
+		a.ids[0] = hex.EncodeToString(binary.BigEndian.AppendUint64(nil, n.idRNG.Uint64()))
+	}
 	id := n.nonce // the server completes it once it has looked the last sequence up
 	if a.known {
-		id = msgID(a.subject, a.last, n.nonce)
+		id = msgID(a.subject, a.last, n.nonce, a.ids[0])
 	}
 	ref := s.alloc(msg{kind: mAppend, inc: n.inc, stream: int8(stream), data: a.queue[0], last: a.last, known: a.known, attempt: a.attempt,
-		queued: n.clk.local(s.now) - a.born[0], mark: a.marks[0], id: id})
+		queued: n.clk.local(s.now) - a.born[0], mark: a.marks[0], id: id, event: a.ids[0]})
 	s.send(n, true, ref)
 	s.push(item{at: s.now + appendTimeout, kind: evAppendTimeout, node: int8(n.idx), ref: int32(stream), gen: a.attempt})
 }
@@ -603,10 +612,10 @@ func (s *sim) retryLater(n *node, stream int) {
 	a.backoff = min(2*a.backoff, appendTimeout)
 }
 
-// msgID is the runtime appender's message id for the append after
-// sequence last: subject@position/nonce.
-func msgID(subject string, last uint64, nonce string) string {
-	return subject + "@" + strconv.FormatUint(last+1, 10) + "/" + nonce
+// msgID is the runtime appender's message id for the append of an event
+// after sequence last: subject@position/nonce/event.
+func msgID(subject string, last uint64, nonce, event string) string {
+	return events.AppenderMsgID(subject, last+1, nonce, event)
 }
 
 func (s *sim) sendWrite(n *node, w *failover.Write) {
@@ -643,7 +652,7 @@ func (s *sim) serve(n *node, ref int32) {
 	case mWrite:
 		s.serverWrite(n, ref)
 	case mAppend:
-		res := s.server.appendEvent(s.now, n.apps[m.stream].subject, m.data, m.last, m.known, m.queued, m.id)
+		res := s.server.appendEvent(s.now, n.apps[m.stream].subject, m.data, m.last, m.known, m.queued, m.id, m.event)
 		if res.code == 0 && !res.duplicate {
 			s.eventLanded(n, int(m.stream), m.mark, res.seq, m.queued)
 		}
@@ -848,6 +857,9 @@ func (s *sim) atNode(n *node, it item) {
 			s.appendConflict(n, stream, last, err)
 			return
 		}
+		if ack.Duplicate && !s.ownDuplicate(n, stream, id, ack) {
+			return
+		}
 		if err := events.AppendAckConflict(last, id, ack); err != nil {
 			s.appendConflict(n, stream, last, err)
 			return
@@ -857,11 +869,36 @@ func (s *sim) atNode(n *node, it item) {
 		}
 		a.last, a.known, a.backoff = ack.Sequence, true, 0
 		a.queue[0] = nil
-		a.queue, a.born, a.marks = a.queue[1:], a.born[1:], a.marks[1:]
+		a.queue, a.born, a.marks, a.ids = a.queue[1:], a.born[1:], a.marks[1:], a.ids[1:]
 		s.pump(n, stream)
 	default:
 		s.release(it.ref)
 	}
+}
+
+// ownDuplicate is the runtime appender's check of a duplicate ack: it
+// reads the record the ack names, which counts only when it is on the
+// appender's subject under its id (JetStream deduplicates ids across the
+// whole stream: a message another identity stored under it on a subject
+// of its own would swallow the event). When the record cannot be read the
+// attempt is retried; when it is another's, or gone, the event is
+// appended again under a new id. It reports whether the record is its
+// own; when not, the next attempt is scheduled.
+func (s *sim) ownDuplicate(n *node, stream int, id string, ack events.Ack) bool {
+	a := &n.apps[stream]
+	if !s.reachable(n) {
+		s.retryLater(n, stream)
+		return false
+	}
+	rec, found := s.server.recordAt(ack.Sequence)
+	if found && rec.Subject == a.subject && rec.Headers["Nats-Msg-Id"] == id {
+		return true
+	}
+	s.count(cAppendIDTaken)
+	s.tracef(n.site, "the duplicate ack of %s names seq %d (on %q), not its own record: appended again under a new id", id, ack.Sequence, rec.Subject)
+	a.ids[0] = ""
+	s.retryLater(n, stream)
+	return false
 }
 
 // appendConflict: the appender concluded that another process appends to
