@@ -683,12 +683,12 @@ func TestSecureDeployment(t *testing.T) {
 		started := time.Now()
 		r.start(site)
 		if site == "b" {
+			// No settling time: a restarted node starts its members once
+			// its server's copies of the assets are current, so the
+			// replica's watch delivers at once (before that fix, its first
+			// reads and watch timed out for about 10 s and the primary's
+			// loss below was replaced 15 s late).
 			r.waitReady(NodeB, started, 60*time.Second)
-			// A restarted node's first JetStream requests (its member's
-			// log, its watch) can time out while its server catches up
-			// (two 5 s timeouts were seen): its member takes over only
-			// failover_timeout after its watch delivers. Let it settle.
-			time.Sleep(12 * time.Second)
 		}
 	}
 

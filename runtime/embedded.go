@@ -267,6 +267,38 @@ func (e *EmbeddedNATS) WaitJetStream(ctx context.Context) error {
 	return nil
 }
 
+// WaitStreamsCurrent waits, up to within, until this server's replicas of
+// streams are current with their leaders: a server just restarted catches
+// up first, and meanwhile the requests its own clients send it (direct
+// gets, consumers) can go unanswered until they time out. It returns the
+// streams still not current when within ran out (nil: all are), or ctx's
+// error. A single server is current at once.
+func (e *EmbeddedNATS) WaitStreamsCurrent(ctx context.Context, streams []string, within time.Duration) ([]string, error) {
+	if !e.srv.JetStreamIsClustered() {
+		return nil, nil
+	}
+	acc := e.srv.GlobalAccount().Name
+	deadline := time.Now().Add(within)
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		var behind []string
+		for _, st := range streams {
+			if !e.srv.JetStreamIsStreamCurrent(acc, st) {
+				behind = append(behind, st)
+			}
+		}
+		if len(behind) == 0 || time.Now().After(deadline) {
+			return behind, nil
+		}
+		select {
+		case <-ctx.Done():
+			return behind, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
 // ClientURL is the URL clients connect to (the real port when -1 was asked).
 func (e *EmbeddedNATS) ClientURL() string {
 	return e.srv.ClientURL()

@@ -22,6 +22,9 @@ const (
 	provisionTimeout   = 10 * time.Second // one provisioning attempt
 	healthTimeout      = time.Second      // the JetStream probe of /healthz
 	httpShutdownWindow = 5 * time.Second  // in-flight requests at shutdown
+	// streamsCurrentWithin bounds the wait of a restarted cluster member
+	// for its copies of the assets to catch up before its members start.
+	streamsCurrentWithin = 30 * time.Second
 	// clusterFormingWindow: how long "no suitable peers" (10005) is taken
 	// for a cluster still forming before provisioning gives up.
 	clusterFormingWindow = 2 * time.Minute
@@ -168,10 +171,26 @@ func (n *node) run(ctx context.Context) error {
 		return err
 	}
 
+	streams := []string{Asset{Kind: KVBucket, Name: s.failoverBucket}.StreamName(), s.eventsStream, Asset{Kind: KVBucket, Name: s.fleetBucket}.StreamName()}
+	if n.embedded != nil && s.server.cluster != nil && len(s.members) > 0 {
+		// A restarted server catches its replicas up first; members started
+		// meanwhile saw their first reads and watch time out (5 s each).
+		start := time.Now()
+		behind, err := n.embedded.WaitStreamsCurrent(ctx, streams, streamsCurrentWithin)
+		if err != nil {
+			return nil // ctx is done
+		}
+		if len(behind) > 0 {
+			n.log.Warn("this server's copies of the assets are not current yet; starting the members anyway", "behind", behind, "waited", time.Since(start).Round(time.Millisecond))
+		} else {
+			n.log.Info("this server's copies of the assets are current", "waited", time.Since(start).Round(time.Millisecond))
+		}
+	}
+
 	if s.preferredLeader != "" {
 		keeper := StartLeaderKeeper(ctx, nc, js, LeaderKeeperConfig{
 			Preferred: s.preferredLeader,
-			Streams:   []string{Asset{Kind: KVBucket, Name: s.failoverBucket}.StreamName(), s.eventsStream, Asset{Kind: KVBucket, Name: s.fleetBucket}.StreamName()},
+			Streams:   streams,
 		}, n.log)
 		defer keeper.Stop()
 	}

@@ -484,6 +484,38 @@ func serverTime(ctx context.Context, nc *nats.Conn, bucket string) (time.Time, e
 	return info.TimeStamp.UTC(), nil
 }
 
+// getAttempt bounds one direct read of a key: a direct get that reaches
+// a stream while its leadership moves goes unanswered, and nats.go would
+// wait its whole default timeout (5 s) for it.
+const getAttempt = 1500 * time.Millisecond
+
+// retryGet runs get with a getAttempt deadline each time until it succeeds,
+// fails otherwise than by timing out, or ctx is done.
+func retryGet(ctx context.Context, get func(ctx context.Context) error) error {
+	for {
+		actx, cancel := context.WithTimeout(ctx, getAttempt)
+		err := get(actx)
+		cancel()
+		timedOut := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
+		if err == nil || !timedOut || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+// retryingKV is a KV whose Get retries reads that time out (retryGet).
+type retryingKV struct{ events.KV }
+
+func (k retryingKV) Get(ctx context.Context, key string) (events.Entry, error) {
+	var e events.Entry
+	err := retryGet(ctx, func(ctx context.Context) error {
+		var err error
+		e, err = k.KV.Get(ctx, key)
+		return err
+	})
+	return e, err
+}
+
 // pairsIn lists the pairs with a leadership register (or only want).
 func pairsIn(ctx context.Context, nc *nats.Conn, bucket, want string) ([]string, error) {
 	js, err := jetstream.New(nc)
@@ -498,7 +530,8 @@ func pairsIn(ctx context.Context, nc *nats.Conn, bucket, want string) ([]string,
 		// One pair: read its keys directly rather than list the bucket
 		// (a listing is a consumer, which needs the meta leader).
 		for _, key := range []string{failover.LeaderKey(want), failover.ConfigKey(want)} {
-			if _, err := kv.Get(ctx, key); err == nil {
+			err := retryGet(ctx, func(ctx context.Context) error { _, err := kv.Get(ctx, key); return err })
+			if err == nil {
 				return []string{want}, nil
 			}
 		}
@@ -526,6 +559,7 @@ func pairsIn(ctx context.Context, nc *nats.Conn, bucket, want string) ([]string,
 }
 
 func pairStatus(ctx context.Context, kv events.KV, pair string, now time.Time) (PairStatus, error) {
+	kv = retryingKV{kv}
 	st := PairStatus{Pair: pair, Heartbeats: map[string]SiteStatus{}, ServerTime: now}
 	var leaderValue failover.Leader
 	if e, err := kv.Get(ctx, failover.LeaderKey(pair)); err == nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -37,5 +38,29 @@ func TestReadRulesFallsBackToPublishedRules(t *testing.T) {
 	}
 	if got, e, err := readRules(ctx, kv, "pg"); err != nil || got != tuned || e.Key != failover.ConfigKey("pg") {
 		t.Fatalf("readRules = %v, %s, %v; want <pair>.config's", got, e.Key, err)
+	}
+}
+
+// A direct read that goes unanswered (a stream whose leadership moves) is
+// tried again after getAttempt, not given up; other errors are not retried.
+func TestRetryGetRetriesTimeoutsOnly(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	calls := 0
+	err := retryGet(ctx, func(ctx context.Context) error {
+		calls++
+		if calls < 3 {
+			<-ctx.Done() // unanswered until the attempt's deadline
+			return ctx.Err()
+		}
+		return nil
+	})
+	if err != nil || calls != 3 {
+		t.Fatalf("retryGet = %v after %d calls; want success at the third", err, calls)
+	}
+	calls = 0
+	err = retryGet(ctx, func(context.Context) error { calls++; return events.ErrNotFound })
+	if !errors.Is(err, events.ErrNotFound) || calls != 1 {
+		t.Fatalf("retryGet = %v after %d calls; want ErrNotFound at once", err, calls)
 	}
 }
