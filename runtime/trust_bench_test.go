@@ -12,7 +12,7 @@ import (
 // verify) in the same run. docs/benchmarks.md reports the ratio.
 func BenchmarkRegisterValue(b *testing.B) {
 	_, ta, tb := trustedPair(b, "pg-main")
-	l := failover.Leader{Site: "site-a", Term: 7, Beat: 123456, Flush: 0x3000060, Timeline: 2, Sync: true}
+	l := failover.Leader{Site: "site-a", Term: 7, Beat: 123456, Prev: 4242, Flush: 0x3000060, Timeline: 2, Sync: true}
 	b.Run("write/unsigned", func(b *testing.B) {
 		for b.Loop() {
 			_ = failover.EncodeLeader(l)
