@@ -182,6 +182,9 @@ type memberActor struct {
 	genuine    *failover.LeaderEntry
 	// forgedRev: the latest register revision logged as not genuine (mu).
 	forgedRev uint64
+	// historyFailRev: the latest revision whose genuine predecessor could
+	// not be read from the history, as logged (mu): once per revision.
+	historyFailRev uint64
 }
 
 // stop ends the member for good (its host may start a new one) and tells
@@ -824,7 +827,13 @@ func genuineCandidate(le failover.LeaderEntry) bool {
 func (a *memberActor) genuineBefore(ctx context.Context, rev uint64) *failover.LeaderEntry {
 	hist, err := a.deps.KV.History(ctx, failover.LeaderKey(a.cfg.Rules.Pair))
 	if err != nil {
-		a.log.Warn("register history not readable: a value no member wrote comes without the genuine one before it", "revision", rev, "err", err)
+		a.mu.Lock()
+		first := rev > a.historyFailRev
+		a.historyFailRev = max(a.historyFailRev, rev)
+		a.mu.Unlock()
+		if first {
+			a.log.Warn("register history not readable: a value no member wrote comes without the genuine one before it", "revision", rev, "err", err)
+		}
 		return nil
 	}
 	for i := len(hist) - 1; i >= 0; i-- {
