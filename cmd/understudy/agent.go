@@ -244,17 +244,9 @@ func newGetCmd(stdout io.Writer) *cobra.Command {
 	status.Flags().StringVar(&agentID, "agent", "", "agent ID")
 	status.Flags().BoolVar(&asJSON, "json", false, "print the status as JSON")
 	status.RunE = func(cmd *cobra.Command, _ []string) error {
-		if agentID == "" {
-			return &usageError{cmd: cmd.CommandPath(), err: errors.New("give --agent ID")}
-		}
-		nc, kv, err := nf.connect(cmd.Context())
+		e, err := readAgentKey(cmd, nf, agentID, agent.ActualKey, "no status", " (is the agent running?)")
 		if err != nil {
 			return err
-		}
-		defer nc.Close()
-		e, err := kv.Get(cmd.Context(), agent.ActualKey(agentID))
-		if err != nil {
-			return fmt.Errorf("agent %s: no status at %s: %w (is the agent running?)", agentID, agent.ActualKey(agentID), err)
 		}
 		s, err := agent.DecodeStatus(e.Value)
 		if err != nil {
@@ -307,6 +299,26 @@ func newGetCmd(stdout io.Writer) *cobra.Command {
 	return get
 }
 
+// readAgentKey is the opening of the get commands: --agent given, one read
+// of the agent's key (keyOf) in the fleet bucket. missing and hint word
+// the error when it has no value.
+func readAgentKey(cmd *cobra.Command, nf *natsFlags, agentID string, keyOf func(string) string, missing, hint string) (events.Entry, error) {
+	if agentID == "" {
+		return events.Entry{}, &usageError{cmd: cmd.CommandPath(), err: errors.New("give --agent ID")}
+	}
+	nc, kv, err := nf.connect(cmd.Context())
+	if err != nil {
+		return events.Entry{}, err
+	}
+	defer nc.Close()
+	key := keyOf(agentID)
+	e, err := kv.Get(cmd.Context(), key)
+	if err != nil {
+		return events.Entry{}, fmt.Errorf("agent %s: %s at %s: %w%s", agentID, missing, key, err, hint)
+	}
+	return e, nil
+}
+
 func newGetManifestCmd(stdout io.Writer) *cobra.Command {
 	var agentID string
 	var asJSON bool
@@ -319,18 +331,10 @@ func newGetManifestCmd(stdout io.Writer) *cobra.Command {
 	cmd.Flags().StringVar(&agentID, "agent", "", "agent ID")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print it as JSON")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		if agentID == "" {
-			return &usageError{cmd: cmd.CommandPath(), err: errors.New("give --agent ID")}
-		}
-		nc, kv, err := nf.connect(cmd.Context())
+		key := agent.DesiredKey(agentID)
+		e, err := readAgentKey(cmd, nf, agentID, agent.DesiredKey, "no desired state", "")
 		if err != nil {
 			return err
-		}
-		defer nc.Close()
-		key := agent.DesiredKey(agentID)
-		e, err := kv.Get(cmd.Context(), key)
-		if err != nil {
-			return fmt.Errorf("agent %s: no desired state at %s: %w", agentID, key, err)
 		}
 		m, signer, verr := runtime.ReadStoredManifest(e.Value)
 		var forged *runtime.ForgedManifestError
