@@ -268,6 +268,21 @@ type LeadershipLost struct {
 	Term   uint64 `msgpack:"term"`
 	Rev    uint64 `msgpack:"rev"`
 	Holder Leader `msgpack:"holder"`
+	// Epoch (leadership: node), when set: the lease was lost because the
+	// node's epoch moved past the lease's (another node raised it): the
+	// node's epoch now. Rev and Holder are then empty.
+	Epoch uint64 `msgpack:"epoch,omitempty"`
+}
+
+// EpochRaised (leadership: node): this follower raised the epoch of the
+// holder's node, whose liveness it judged stale (Stale: for how long, by
+// server time), before taking the register: every lease of the old epoch
+// is over. Rev is the liveness record's revision the raise wrote.
+type EpochRaised struct {
+	Node  string        `msgpack:"node"`
+	Epoch uint64        `msgpack:"epoch"`
+	Rev   uint64        `msgpack:"rev"`
+	Stale time.Duration `msgpack:"stale"`
 }
 
 // DemotionRequested: clean demotion starts (stop serving, then leader = none).
@@ -491,6 +506,7 @@ func (*Unfenced) EventType() string           { return "failover.unfenced" }
 func (*ServingStarted) EventType() string     { return "failover.serving_started" }
 func (*PromoteFailed) EventType() string      { return "failover.promote_failed" }
 func (*LeadershipLost) EventType() string     { return "failover.leadership_lost" }
+func (*EpochRaised) EventType() string        { return "failover.epoch_raised" }
 func (*DemotionRequested) EventType() string  { return "failover.demotion_requested" }
 func (*Demoted) EventType() string            { return "failover.demoted" }
 func (*DemoteFailed) EventType() string       { return "failover.demote_failed" }
@@ -513,7 +529,7 @@ func RegisterEvents(reg *events.Registry) error {
 		&CheckFailed{}, &CheckRecovered{}, &MemberStopped{},
 		&RejoinRequested{}, &Rejoined{}, &RejoinFailed{}, &PromotionWithheld{}, &ReplicationModeChanged{},
 		&AutomationPaused{}, &AutomationResumed{}, &ManualFailoverAccepted{}, &ManualFailoverRejected{},
-		&ForgedValueIgnored{},
+		&ForgedValueIgnored{}, &EpochRaised{},
 	} {
 		if err := reg.Register(ev, 1); err != nil {
 			return err

@@ -74,7 +74,10 @@ type WriteResult struct {
 	// key (nil if it could not be read), so the member can tell its own late
 	// write from another writer.
 	Current *LeaderEntry
-	Cause   string // human detail of a failure
+	// CurrentLive is the liveness record as read after a WriteConflict of
+	// a liveness write or an epoch raise (nil if it could not be read).
+	CurrentLive *LivenessEntry
+	Cause       string // human detail of a failure
 }
 
 // LeaderEntry is one observed revision of the leadership register.

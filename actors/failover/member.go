@@ -17,6 +17,8 @@ const (
 	WriteAcquire                         // follower's promotion (CAS, or Create when ExpectRev is 0)
 	WriteRelease                         // clean demotion: leader = none, CAS on own last revision
 	WriteMemberBeat                      // a member's own heartbeat key, plain put
+	WriteLiveness                        // a node's liveness record (NodeLiveness): CAS on its own last revision
+	WriteBump                            // a follower raises a stale holder node's epoch: CAS on the record it judged stale
 )
 
 func (k WriteKind) String() string {
@@ -29,6 +31,10 @@ func (k WriteKind) String() string {
 		return "release"
 	case WriteMemberBeat:
 		return "member-beat"
+	case WriteLiveness:
+		return "liveness"
+	case WriteBump:
+		return "raise-epoch"
 	}
 	return "unset"
 }
@@ -48,6 +54,7 @@ type Write struct {
 	Deadline time.Duration
 	Leader   Leader    // decoded Value of leader writes
 	Beat     Heartbeat // decoded Value of member heartbeats
+	Live     Liveness  // decoded Value of liveness writes and raises
 }
 
 // Procedure asks the host to run one of the workload's procedures (see
@@ -114,6 +121,12 @@ type Options struct {
 	// member (capability.Synchronizer); rules with synchronous on or
 	// strict are refused without it.
 	Synchronizer bool
+	// Node, when set, is the node this member runs on, and leadership is
+	// node liveness (see liveness.go): the host feeds the member its
+	// node's LivenessResults and the liveness records it observes; the
+	// member writes the register and its heartbeat key only when their
+	// content changes. Empty: per-pair leadership, every beat a write.
+	Node string
 }
 
 type pendingWrite struct {
@@ -282,7 +295,59 @@ type Member struct {
 	pauseRev    uint64
 	failoverReq *pendingFailover
 
+	// Node mode (Options.Node; see liveness.go). beatRev and beatTime:
+	// the register holder's latest beat, its latest register write or its
+	// node's latest liveness write in the register's epoch, whichever is
+	// later (per-pair: the register's latest write).
+	beatRev  uint64
+	beatTime time.Time
+	// nodeEpoch: this member's node's epoch as its latest liveness result
+	// said (0: none yet); leaseEpoch: the epoch this holder's register
+	// value names (0: not bound yet); lastLiveAt: local time of the
+	// latest liveness result.
+	nodeEpoch  uint64
+	leaseEpoch uint64
+	lastLiveAt time.Duration
+	// written: the holder's latest landed register value (what a change
+	// is compared with); flushAt: when it last published its log position;
+	// rewrite: a value no member wrote sits on top of it.
+	written    Leader
+	writtenOK  bool
+	writtenRev uint64
+	flushAt   time.Duration
+	rewrite   bool
+	// hbWritten: this member's latest landed heartbeat value; peerHB the
+	// other member's latest, repeated by its node's liveness writes.
+	hbWritten   Heartbeat
+	hbOK        bool
+	hbPending   Heartbeat
+	peerHB      Heartbeat
+	peerHBKnown bool
+	// lives: per node, the liveness record as seen; raise: the epoch
+	// raise in flight, and the takeover it precedes.
+	lives map[string]*liveSeen
+	raise *pendingRaise
+
 	out Ready
+}
+
+// liveSeen is a node's liveness record as a member saw it: the latest
+// revision (any value: a raise's compare-and-set expects it), the highest
+// epoch of a genuine value, and the highest beat of the node in it.
+type liveSeen struct {
+	rev     uint64
+	epoch   uint64
+	beat    uint64
+	beatSet bool
+}
+
+// pendingRaise is an epoch raise in flight and the takeover after it.
+type pendingRaise struct {
+	node   string
+	epoch  uint64 // the epoch written
+	from   uint64 // the lease's epoch
+	reason AcquireReason
+	stale  time.Duration
 }
 
 // pendingFailover is an operator's failover request waiting for this
@@ -355,7 +420,7 @@ func (m *Member) Start(now time.Duration) Ready {
 		appliedRev: m.appliedRev, rejectedRev: m.rejectedRev, checkHold: m.checkHold,
 		term: m.term, procSeq: m.procSeq, lostTerm: m.lostTerm, lastSwitchover: m.lastSwitchover,
 		paused: m.paused, pauseID: m.pauseID, pauseReason: m.pauseReason, lastFailover: m.lastFailover,
-		now: now,
+		now: now, lastLiveAt: now,
 	}
 	m.emit(&Started{Pair: m.rules.Pair, Site: m.site, Rules: m.rules})
 	m.fence(FenceRestart, AfterResume)
@@ -391,6 +456,10 @@ func (m *Member) Step(now time.Duration, in Input) Ready {
 		m.onPause(in)
 	case ManualFailoverObserved:
 		m.onManualFailover(in)
+	case LivenessResult:
+		m.onLivenessResult(in)
+	case LivenessObserved:
+		m.onLiveness(in)
 	case ProcedureResult:
 		m.onProcedure(in)
 	case Shutdown:
@@ -434,6 +503,9 @@ func (m *Member) NextWake() time.Duration {
 	}
 	if m.holding() {
 		consider(m.nextBeatAt)
+		if m.opts.Node != "" {
+			consider(m.lastLiveAt + 2*m.rules.HeartbeatTimeout + 1)
+		}
 	} else {
 		consider(m.nextMemberAt)
 	}
@@ -559,16 +631,25 @@ func (m *Member) tick() {
 		m.onLeaderWriteFailed(w, "timeout: no answer within heartbeat_timeout")
 	}
 	if m.memberOp != 0 && m.now >= m.memberDue {
-		m.memberOp, m.memberOK = 0, 0
+		m.memberOp = 0
+		if m.opts.Node == "" {
+			m.memberOK = 0
+		}
 	}
 	if m.fenceFailed && m.phase == PhaseFencing && m.now >= m.fenceRetryAt {
 		m.fence(m.fenceReason, m.then)
 	}
 	if m.holding() {
-		if m.inflight == nil && m.now >= m.nextBeatAt {
+		if m.inflight == nil && m.now >= m.nextBeatAt && m.registerDue() {
 			m.writeRegister()
 		}
-	} else if m.memberOp == 0 && m.now >= m.nextMemberAt {
+		if m.opts.Node != "" && m.now-m.lastLiveAt > 2*m.rules.HeartbeatTimeout {
+			// The node's liveness writer answers every write by its
+			// deadline: silence this long means it does not run.
+			m.lastLiveAt = m.now
+			m.onLeaderWriteFailed(pendingWrite{kind: WriteBeat}, "no liveness write of this node answered within 2 × heartbeat_timeout")
+		}
+	} else if m.memberOp == 0 && m.now >= m.nextMemberAt && m.memberBeatDue() {
 		m.writeMemberBeat()
 	}
 	m.maybeManualFailover()
@@ -603,15 +684,7 @@ func (m *Member) writeRegister() {
 		l := Leader{Term: m.term, Handoff: m.handoff, Planned: m.demoteReason == DemoteSwitchover, By: m.site, Prev: m.lastRev}
 		w = Write{Kind: WriteRelease, Key: LeaderKey(m.rules.Pair), Leader: l, ExpectRev: m.lastRev}
 	} else {
-		// A suspended holder that has had success_threshold good writes
-		// announces that it is about to serve: this write is unfenced, and
-		// it serves only once this write has landed (see onBeatSuccess).
-		fenced := m.phase == PhaseSuspended && m.successes < m.rules.SuccessThreshold
-		l := Leader{Site: m.site, Term: m.term, Beat: m.beat + 1, Fenced: fenced, Sync: m.syncReg, Paused: m.paused, PauseRev: m.pauseRev, By: m.site, Prev: m.lastRev}
-		if m.opts.Positions && m.statusKnown && m.status.Role == capability.RolePrimary {
-			l.Flush, l.Timeline = m.status.Flush, m.status.Timeline
-		}
-		w = Write{Kind: WriteBeat, Key: LeaderKey(m.rules.Pair), Leader: l, ExpectRev: m.lastRev}
+		w = Write{Kind: WriteBeat, Key: LeaderKey(m.rules.Pair), Leader: m.registerValue(), ExpectRev: m.lastRev}
 		m.beat++
 	}
 	w.Op, w.Value, w.Deadline = m.nextOp(), EncodeLeader(w.Leader), m.now+m.rules.HeartbeatTimeout
@@ -620,11 +693,73 @@ func (m *Member) writeRegister() {
 	m.out.Writes = append(m.out.Writes, w)
 }
 
-func (m *Member) writeMemberBeat() {
-	m.memberBeat++
+// registerValue is the holder's register value as it stands now (its
+// beat, when the register is written every beat).
+func (m *Member) registerValue() Leader {
+	// A suspended holder that has had success_threshold good writes
+	// announces that it is about to serve: this write is unfenced, and
+	// it serves only once this write has landed (see onBeatSuccess).
+	fenced := m.phase == PhaseSuspended && m.successes < m.rules.SuccessThreshold
+	l := Leader{Site: m.site, Term: m.term, Beat: m.beat + 1, Fenced: fenced, Sync: m.syncReg, Paused: m.paused, PauseRev: m.pauseRev, By: m.site, Prev: m.lastRev}
+	if m.opts.Positions && m.statusKnown && m.status.Role == capability.RolePrimary {
+		l.Flush, l.Timeline = m.status.Flush, m.status.Timeline
+	}
+	if m.opts.Node != "" {
+		l.Node, l.Epoch = m.opts.Node, m.leaseEpoch
+		if l.Epoch == 0 {
+			l.Epoch = m.nodeEpoch
+		}
+	}
+	return l
+}
+
+// registerDue reports whether the holder must write the register now.
+// Per-pair: every beat. Node mode: when its value changed (a release,
+// fenced or not, synchronous replication, the pause, the lease's node or
+// epoch; the log position at most once per heartbeat_timeout), or a value
+// no member wrote sits on top of its own.
+func (m *Member) registerDue() bool {
+	if m.opts.Node == "" || m.phase == PhaseReleasing {
+		return true
+	}
+	if m.leaseEpoch == 0 && m.nodeEpoch == 0 {
+		return false // no epoch to name yet: its node has not written
+	}
+	if !m.writtenOK || m.leaseEpoch == 0 || m.lastRev != m.writtenRev {
+		return true
+	}
+	d, w := m.registerValue(), m.written
+	if d.Flush != w.Flush && m.now-m.flushAt < m.rules.HeartbeatTimeout {
+		d.Flush, d.Timeline = w.Flush, w.Timeline
+	}
+	return !sameRegister(d, w)
+}
+
+// sameRegister reports whether two register values say the same to a
+// reader (all but the writer's bookkeeping: beat, writer, signature, the
+// revision expected).
+func sameRegister(a, b Leader) bool {
+	return a.Site == b.Site && a.Term == b.Term && a.Handoff == b.Handoff && a.Fenced == b.Fenced && a.Planned == b.Planned &&
+		a.Flush == b.Flush && a.Timeline == b.Timeline && a.Sync == b.Sync && a.Paused == b.Paused && a.PauseRev == b.PauseRev &&
+		a.Node == b.Node && a.Epoch == b.Epoch
+}
+
+// noteWritten records a register value of this holder that landed at rev.
+func (m *Member) noteWritten(l Leader, rev uint64) {
+	if m.writtenOK && l.Flush != m.written.Flush {
+		m.flushAt = m.now
+	}
+	m.written, m.writtenOK, m.writtenRev = l, true, rev
+	if l.Epoch != 0 {
+		m.leaseEpoch = l.Epoch
+	}
+}
+
+// heartbeatValue is this member's heartbeat as it stands now (Beat unset).
+func (m *Member) heartbeatValue() Heartbeat {
 	ready := m.phase == PhaseFollower && m.memberOK >= m.rules.SuccessThreshold && !m.checkHold && m.watchCaughtUp() && m.workloadReady()
-	hb := Heartbeat{Site: m.site, Beat: m.memberBeat, Phase: m.phase, Ready: ready, RulesRev: m.appliedRev, RejectedRev: m.rejectedRev,
-		Paused: m.paused, PauseRev: m.pauseRev}
+	hb := Heartbeat{Site: m.site, Phase: m.phase, Ready: ready, RulesRev: m.appliedRev, RejectedRev: m.rejectedRev,
+		Paused: m.paused, PauseRev: m.pauseRev, Node: m.opts.Node}
 	if m.statusKnown && (m.opts.Positions || m.opts.Rejoin) {
 		st := m.status
 		hb.Role, hb.Timeline, hb.Receive, hb.Replay, hb.Streaming = st.Role, st.Timeline, st.Receive, st.Replay, st.Streaming
@@ -632,6 +767,26 @@ func (m *Member) writeMemberBeat() {
 	if m.follows() {
 		hb.Rejoined = m.rejoinTo
 	}
+	return hb
+}
+
+// memberBeatDue reports whether this member must write its heartbeat now:
+// per-pair, every beat; node mode, when it changed (its node's liveness
+// writes repeat it).
+func (m *Member) memberBeatDue() bool {
+	if m.opts.Node == "" {
+		return true
+	}
+	d, w := m.heartbeatValue(), m.hbWritten
+	w.Beat = 0
+	return !m.hbOK || d != w
+}
+
+func (m *Member) writeMemberBeat() {
+	m.memberBeat++
+	hb := m.heartbeatValue()
+	hb.Beat = m.memberBeat
+	m.hbPending = hb
 	w := Write{Op: m.nextOp(), Kind: WriteMemberBeat, Key: HeartbeatKey(m.rules.Pair, m.site), Put: true,
 		Beat: hb, Value: EncodeHeartbeat(hb), Deadline: m.now + m.rules.HeartbeatTimeout}
 	m.memberOp, m.memberDue = w.Op, w.Deadline
@@ -640,6 +795,10 @@ func (m *Member) writeMemberBeat() {
 }
 
 func (m *Member) acquire(reason AcquireReason, expect uint64, stale time.Duration) {
+	if node, from, ok := m.raiseNeeded(); ok {
+		m.raiseEpoch(node, from, reason, stale)
+		return
+	}
 	term := max(m.term, m.lostTerm)
 	if m.leaderKnown {
 		term = max(term, m.leader.Value.Term)
@@ -651,6 +810,9 @@ func (m *Member) acquire(reason AcquireReason, expect uint64, stale time.Duratio
 	m.acq.planned = (reason == AcquireHandoff && m.leader.Value.Planned) || reason == AcquireOperator
 	m.emit(&AcquireAttempted{Reason: reason, Term: term, ExpectRev: expect, Stale: stale})
 	l := Leader{Site: m.site, Term: term, By: m.site, Prev: expect}
+	if m.opts.Node != "" {
+		l.Node, l.Epoch = m.opts.Node, m.nodeEpoch
+	}
 	w := Write{Op: m.nextOp(), Kind: WriteAcquire, Key: LeaderKey(m.rules.Pair), Leader: l,
 		Value: EncodeLeader(l), ExpectRev: expect, Deadline: m.now + m.rules.HeartbeatTimeout}
 	m.inflight = &pendingWrite{op: w.Op, kind: w.Kind, deadline: w.Deadline, leader: l, expect: expect}
@@ -671,6 +833,9 @@ func (m *Member) watchCaughtUp() bool {
 func (m *Member) maybeAcquire() {
 	if !m.synced || m.inflight != nil || m.now < m.acquireAt {
 		return
+	}
+	if m.opts.Node != "" && m.nodeEpoch == 0 {
+		return // its node has not written its liveness yet: no epoch to name
 	}
 	fo := m.rules.FailoverTimeout
 	localStale := m.now - m.leaderSeenAt
@@ -717,15 +882,15 @@ func (m *Member) maybeAcquire() {
 	// failover_timeout (a JetStream election) must not pass for its death.
 	// Like the local clock's check, this can only delay a promotion.
 	serverStale := m.serverStale()
-	if m.ownBeatRev > m.leader.Rev && serverStale > fo && localStale > fo {
+	if m.ownBeatRev > m.beatRev && serverStale > fo && localStale > fo {
 		m.acquireStale(serverStale)
 		return
 	}
-	if localStale > fo && m.probedFor != m.leader.Rev && m.memberOp == 0 {
+	if m.opts.Node == "" && localStale > fo && m.probedFor != m.beatRev && m.memberOp == 0 {
 		// Stale by our own clock: get a fresh server timestamp now rather
 		// than at the next interval, so detection is not late by up to one
 		// heartbeat_timeout. Once per leader write.
-		m.probedFor = m.leader.Rev
+		m.probedFor = m.beatRev
 		m.writeMemberBeat()
 	}
 	// A holder that keeps writing but stays fenced is as good as gone. Its
@@ -745,8 +910,8 @@ func (m *Member) maybeAcquire() {
 // from this member's first heartbeat after a stall of the store when that
 // is later (see maybeAcquire).
 func (m *Member) serverStale() time.Duration {
-	s := m.ownBeatTime.Sub(m.leader.Time)
-	if resumed := m.ownBeatTime.Sub(m.storeResumed); m.storeResumed.After(m.leader.Time) && resumed < s {
+	s := m.ownBeatTime.Sub(m.beatTime)
+	if resumed := m.ownBeatTime.Sub(m.storeResumed); m.storeResumed.After(m.beatTime) && resumed < s {
 		s = resumed
 	}
 	return s
@@ -758,7 +923,7 @@ func (m *Member) serverStale() time.Duration {
 func (m *Member) holderGone() (time.Duration, bool) {
 	fo := m.rules.FailoverTimeout
 	stale := m.serverStale()
-	if m.ownBeatRev > m.leader.Rev && stale > fo && m.now-m.leaderSeenAt > fo {
+	if m.ownBeatRev > m.beatRev && stale > fo && m.now-m.leaderSeenAt > fo {
 		return stale, true
 	}
 	if m.leader.Value.Fenced && !m.fencedSince.IsZero() {
@@ -776,6 +941,8 @@ func (m *Member) maybeResume() {
 		// Revisions above its own latest write are values no member wrote
 		// (see observeLeader): its first write replaces them.
 		m.lastRev, m.beat = m.regRev, max(m.beat, m.leader.Value.Beat)
+		m.written, m.writtenOK, m.writtenRev, m.leaseEpoch = m.leader.Value, true, m.leader.Rev, m.leader.Value.Epoch
+		m.lastLiveAt = m.now
 		m.syncReg, m.syncLanded = m.leader.Value.Sync, m.leader.Value.Sync
 		m.failures, m.successes = 0, 0
 		m.nextBeatAt = m.now
@@ -822,6 +989,14 @@ func (m *Member) demote(reason DemoteReason, to string) {
 func (m *Member) onWriteResult(r WriteResult) {
 	if r.Op == m.memberOp {
 		m.memberOp = 0
+		if m.opts.Node != "" {
+			// Its node's liveness writes count its beats; this one only
+			// published what changed.
+			if r.Err == WriteOK {
+				m.hbWritten, m.hbOK = m.hbPending, true
+			}
+			return
+		}
 		if r.Err == WriteOK {
 			m.memberOK++
 			m.memberAckRev = max(m.memberAckRev, r.Revision)
@@ -869,6 +1044,7 @@ func (m *Member) onLeaderWriteAnswered(w pendingWrite, r WriteResult) {
 		switch r.Err {
 		case WriteOK:
 			m.lastRev = max(m.lastRev, r.Revision)
+			m.noteWritten(w.leader, r.Revision)
 			m.onBeatSuccess(w.leader.Fenced)
 			m.onSyncLanded(w.leader, r.Revision)
 		case WriteConflict:
@@ -921,6 +1097,8 @@ func (m *Member) onLeaderWriteAnswered(w pendingWrite, r WriteResult) {
 		case WriteOK:
 			m.lastRev, m.beat = r.Revision, 0
 			m.failures, m.successes = 0, 0
+			m.noteWritten(w.leader, r.Revision)
+			m.lastLiveAt = m.now
 			m.procSeq++
 			m.emit(&Promoted{Seq: m.procSeq, Term: w.leader.Term, Rev: r.Revision, Reason: m.acq.reason, Planned: m.acq.planned})
 			m.rejoinTo, m.rejoinFor = "", ""
@@ -940,10 +1118,13 @@ func (m *Member) onLeaderWriteAnswered(w pendingWrite, r WriteResult) {
 			m.acquireAt = m.now + m.rules.HeartbeatTimeout
 			m.emit(&AcquireFailed{Term: w.leader.Term, Cause: cause(r)})
 		}
+	case WriteBump:
+		m.onRaiseAnswered(r)
 	case WriteRelease:
 		switch r.Err {
 		case WriteOK:
 			m.lastRev = r.Revision
+			m.writtenOK, m.leaseEpoch = false, 0
 			m.emit(&Released{Term: m.term, Rev: r.Revision, Handoff: w.leader.Handoff})
 		case WriteConflict:
 			if r.Current != nil && why != "" && !m.rivalSince(w.expect) {
@@ -1004,6 +1185,10 @@ func (m *Member) onLeaderWriteFailed(w pendingWrite, why string) {
 		m.emit(&AcquireFailed{Term: w.leader.Term, Cause: why})
 	case WriteRelease:
 		// not serving any more; the release is retried at the next beat
+	case WriteBump:
+		m.raise = nil
+		m.acquireAt = m.now + m.rules.HeartbeatTimeout
+		m.emit(&AcquireFailed{Cause: "raising the epoch of the holder's node: " + why})
 	}
 }
 
@@ -1231,6 +1416,9 @@ func (m *Member) takeLeader(e LeaderEntry) {
 		}
 	}
 	m.leader, m.leaderKnown, m.leaderSeenAt = e, true, m.now
+	if !sameHolder || e.Rev > m.beatRev {
+		m.beatRev, m.beatTime = e.Rev, e.Time
+	}
 	m.raiseMark(e)
 	if e.Value.Site != "" {
 		m.pubSite, m.pubTerm, m.pubSync = e.Value.Site, e.Value.Term, e.Value.Sync
@@ -1305,6 +1493,7 @@ func (m *Member) onMemberBeat(h HeartbeatObserved) {
 		}
 		return
 	}
+	m.peerHB, m.peerHBKnown = h.Value, true
 	switch {
 	case !h.Value.Ready:
 		m.peerReady = 0
@@ -1352,6 +1541,9 @@ func (m *Member) onConfig(c ConfigObserved) {
 		reject(&actors.ConfigError{Field: "primary", Rule: "cannot change at run time; restart the members with a new pair file", Value: r.Primary})
 	case r.Replica != m.rules.Replica:
 		reject(&actors.ConfigError{Field: "replica", Rule: "cannot change at run time; restart the members with a new pair file", Value: r.Replica})
+	case m.opts.Node != "" && r.HeartbeatTimeout != m.rules.HeartbeatTimeout:
+		reject(&actors.ConfigError{Field: "heartbeat_timeout", Value: r.HeartbeatTimeout.String(),
+			Rule: "cannot change at run time with leadership: node: it is the interval of the node's liveness writes, shared by every pair of the node (" + m.rules.HeartbeatTimeout.String() + "); change it in the pair files and restart the node"})
 	default:
 		if err := checkRules(r, m.opts); err != nil {
 			reject(err)
@@ -1458,9 +1650,9 @@ func (m *Member) maybeManualFailover() {
 		v := m.leader.Value
 		holder = v.Site
 		if v.Site != "" || m.leader.Corrupt {
-			if v.Site != "" && m.leader.Rev > p.rev && !v.Fenced {
+			if v.Site != "" && m.beatRev > p.rev && !v.Fenced {
 				reject(&ManualFailoverRejected{Reason: fmt.Sprintf("%s holds the register and writes it (term %d, revision %d written after the request): it is alive; use understudy switchover --to %s",
-					v.Site, v.Term, m.leader.Rev, m.site)})
+					v.Site, v.Term, m.beatRev, m.site)})
 				return
 			}
 			var gone bool
@@ -1919,5 +2111,172 @@ func (m *Member) onProcedure(r ProcedureResult) {
 		}
 		m.emit(&Demoted{Seq: r.Seq})
 		m.nextBeatAt = min(m.nextBeatAt, m.now)
+	}
+}
+
+// Node mode (Options.Node): see liveness.go.
+
+// onLivenessResult takes in how its node's latest liveness write ended:
+// the holder's heartbeat (its lease lives while the writes land in the
+// lease's epoch) and this member's own beat (for ready).
+func (m *Member) onLivenessResult(r LivenessResult) {
+	if m.opts.Node == "" {
+		return
+	}
+	m.lastLiveAt = m.now
+	if r.Err == WriteOK || r.Err == WriteConflict {
+		m.nodeEpoch = r.Epoch
+	}
+	if r.Err == WriteOK {
+		m.memberOK++
+		m.memberAckRev = max(m.memberAckRev, r.Revision)
+	} else {
+		m.memberOK = 0
+	}
+	if !m.holding() || m.leaseEpoch == 0 {
+		return
+	}
+	switch {
+	case r.Err == WriteOK && (r.Epoch == m.leaseEpoch || honourBumpedLease):
+		m.onBeatSuccess(m.written.Fenced)
+	case r.Err == WriteOK || r.Err == WriteConflict:
+		// Another node raised this node's epoch past the lease: whoever
+		// did judged this node's liveness stale, and may take the register.
+		ev := &LeadershipLost{Term: m.term, Epoch: r.Epoch}
+		m.inflight = nil
+		m.failures, m.successes = 0, 0
+		m.writtenOK, m.leaseEpoch = false, 0
+		m.emit(ev)
+		switch m.phase {
+		case PhaseLeader, PhasePromoting, PhaseDemoting, PhaseFencing:
+			m.fence(FenceLostRegister, AfterFollow)
+		}
+	default:
+		m.onLeaderWriteFailed(pendingWrite{kind: WriteBeat}, "node liveness write: "+r.Cause)
+	}
+}
+
+// live returns what this member saw of node's liveness record.
+func (m *Member) live(node string) *liveSeen {
+	if m.lives == nil {
+		m.lives = map[string]*liveSeen{}
+	}
+	ls := m.lives[node]
+	if ls == nil {
+		ls = &liveSeen{}
+		m.lives[node] = ls
+	}
+	return ls
+}
+
+// onLiveness takes in a revision of a node's liveness record. A beat —
+// written by the node itself, in its latest epoch, with a beat above every
+// one seen — is this member's own heartbeat when the node is its own, the
+// register holder's heartbeat when the node and epoch are the lease's, and
+// the other member's latest heartbeat repeated when the node is its.
+func (m *Member) onLiveness(in LivenessObserved) {
+	if m.opts.Node == "" {
+		return
+	}
+	e, v := in.Entry, in.Entry.Value
+	ls := m.live(in.Node)
+	if e.Rev <= ls.rev {
+		return
+	}
+	ls.rev = e.Rev
+	if e.Forged || v.Node != in.Node {
+		return
+	}
+	if v.Epoch > ls.epoch {
+		ls.epoch, ls.beat, ls.beatSet = v.Epoch, 0, false
+	}
+	if !v.Own() || v.Epoch < ls.epoch || (ls.beatSet && v.Beat <= ls.beat) {
+		return // a raise, an older epoch's value, or a beat written again
+	}
+	ls.beat, ls.beatSet = v.Beat, true
+	if in.Node == m.opts.Node {
+		m.onMemberBeat(HeartbeatObserved{Rev: e.Rev, Time: e.Time, Site: m.site})
+	}
+	if l := m.leader.Value; m.leaderKnown && l.Site != "" && l.Node == in.Node && (l.Epoch == v.Epoch || honourBumpedLease) && e.Rev > m.beatRev {
+		m.beatRev, m.beatTime, m.leaderSeenAt = e.Rev, e.Time, m.now
+		if !l.Fenced && !m.fencedSince.IsZero() {
+			// The holder's unfenced value stands while its node beats: each
+			// beat counts as an unfenced write (see takeLeader).
+			m.unfencedRun++
+			if m.unfencedRun >= m.rules.SuccessThreshold {
+				m.fencedSince, m.fencedSeenAt = time.Time{}, 0
+			}
+		}
+	}
+	if m.peerHBKnown && m.peerHB.Node == in.Node {
+		m.onMemberBeat(HeartbeatObserved{Rev: e.Rev, Time: e.Time, Site: m.rules.Other(m.site), Value: m.peerHB})
+	}
+}
+
+// raiseNeeded reports whether taking the register over needs the holder
+// node's epoch raised first, and the node and the lease's epoch: the
+// register names a lease on another node whose epoch nobody raised yet,
+// and that node's liveness is stale. A holder that is only fenced, on a
+// node that lives, is taken by the register's compare-and-set alone: it
+// can serve again only by writing the register.
+func (m *Member) raiseNeeded() (string, uint64, bool) {
+	v := m.leader.Value
+	if m.opts.Node == "" || !m.leaderKnown || v.Site == "" || v.Node == "" || v.Node == m.opts.Node {
+		return "", 0, false
+	}
+	if ls := m.lives[v.Node]; ls != nil && ls.epoch > v.Epoch {
+		return "", 0, false // raised already
+	}
+	fo := m.rules.FailoverTimeout
+	if !(m.ownBeatRev > m.beatRev && m.serverStale() > fo && m.now-m.leaderSeenAt > fo) {
+		return "", 0, false
+	}
+	return v.Node, v.Epoch, true
+}
+
+// raiseEpoch writes node's liveness record with its epoch raised, by
+// compare-and-set on the revision this member judged stale: it lands only
+// if the node has not written since.
+func (m *Member) raiseEpoch(node string, from uint64, reason AcquireReason, stale time.Duration) {
+	ls := m.live(node)
+	l := Liveness{Node: node, Epoch: max(from, ls.epoch) + 1, By: m.opts.Node, Prev: ls.rev}
+	w := Write{Op: m.nextOp(), Kind: WriteBump, Key: LivenessKey(node), Live: l, Value: EncodeLiveness(l),
+		ExpectRev: ls.rev, Deadline: m.now + m.rules.HeartbeatTimeout}
+	m.inflight = &pendingWrite{op: w.Op, kind: w.Kind, deadline: w.Deadline, expect: w.ExpectRev}
+	m.raise = &pendingRaise{node: node, epoch: l.Epoch, from: from, reason: reason, stale: stale}
+	m.out.Writes = append(m.out.Writes, w)
+}
+
+// onRaiseAnswered goes on with the takeover once the holder's node's
+// epoch is above the lease's (this raise, or another's), and gives up when
+// the node wrote again.
+func (m *Member) onRaiseAnswered(r WriteResult) {
+	rz := m.raise
+	m.raise = nil
+	if rz == nil {
+		return
+	}
+	switch r.Err {
+	case WriteOK:
+		ls := m.live(rz.node)
+		ls.rev = max(ls.rev, r.Revision)
+		if rz.epoch > ls.epoch {
+			ls.epoch, ls.beat, ls.beatSet = rz.epoch, 0, false
+		}
+		m.emit(&EpochRaised{Node: rz.node, Epoch: rz.epoch, Rev: r.Revision, Stale: rz.stale})
+		m.acquire(rz.reason, m.regRev, rz.stale)
+	case WriteConflict:
+		if r.CurrentLive != nil {
+			m.onLiveness(LivenessObserved{Node: rz.node, Entry: *r.CurrentLive})
+		}
+		if ls := m.lives[rz.node]; ls != nil && ls.epoch > rz.from {
+			m.acquire(rz.reason, m.regRev, rz.stale) // raised by another
+			return
+		}
+		// The node wrote again (its beat now counts), or the read was stale.
+		m.acquireAt = m.now + m.rules.HeartbeatTimeout
+	default:
+		m.acquireAt = m.now + m.rules.HeartbeatTimeout
+		m.emit(&AcquireFailed{Cause: fmt.Sprintf("raising the epoch of node %s: %s", rz.node, cause(r))})
 	}
 }

@@ -79,6 +79,11 @@ type Leader struct {
 	// not when it was written). 0 for a write that creates the key, and in
 	// values written before it existed.
 	Prev uint64 `msgpack:"pv,omitempty"`
+	// Node and Epoch (leadership: node): the holder's node and the epoch
+	// of its liveness record the lease lives in. Empty in per-pair
+	// leadership, where every beat is a write of the register.
+	Node  string `msgpack:"nd,omitempty"`
+	Epoch uint64 `msgpack:"e,omitempty"`
 }
 
 // HolderWrite reports whether l is a holder's own value: it names a
@@ -138,6 +143,9 @@ type Heartbeat struct {
 	// it saw last, 0 none), for status.
 	Paused   bool   `msgpack:"pz,omitempty"`
 	PauseRev uint64 `msgpack:"pr,omitempty"`
+	// Node (leadership: node): the member's node, whose liveness writes
+	// repeat this heartbeat until the member writes a new one.
+	Node string `msgpack:"nd,omitempty"`
 }
 
 // Switchover is an operator's request to move leadership to To.

@@ -204,6 +204,9 @@ func (r Rules) ValidateShape() error {
 	if err := name("pair", r.Pair); err != nil {
 		return err
 	}
+	if r.Pair == LivenessPrefix {
+		return &actors.ConfigError{Field: "pair", Rule: "must not be " + strconv.Quote(LivenessPrefix) + ": its keys hold the nodes' liveness records", Value: strconv.Quote(r.Pair)}
+	}
 	if err := name("primary", r.Primary); err != nil {
 		return err
 	}
