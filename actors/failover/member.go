@@ -314,8 +314,7 @@ type Member struct {
 	written    Leader
 	writtenOK  bool
 	writtenRev uint64
-	flushAt   time.Duration
-	rewrite   bool
+	flushAt    time.Duration
 	// hbWritten: this member's latest landed heartbeat value; peerHB the
 	// other member's latest, repeated by its node's liveness writes.
 	hbWritten   Heartbeat
