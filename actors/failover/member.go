@@ -309,8 +309,8 @@ type Member struct {
 	leaseEpoch uint64
 	lastLiveAt time.Duration
 	// written: the holder's latest landed register value (what a change
-	// is compared with); flushAt: when it last published its log position;
-	// rewrite: a value no member wrote sits on top of it.
+	// is compared with) and its revision; flushAt: when it last published
+	// its log position.
 	written    Leader
 	writtenOK  bool
 	writtenRev uint64
@@ -644,8 +644,10 @@ func (m *Member) tick() {
 		}
 		if m.opts.Node != "" && m.now-m.lastLiveAt > 2*m.rules.HeartbeatTimeout {
 			// The node's liveness writer answers every write by its
-			// deadline: silence this long means it does not run.
-			m.lastLiveAt = m.now
+			// deadline: silence this long means it does not run. One more
+			// failure every heartbeat_timeout from now on, as if its
+			// writes went on failing.
+			m.lastLiveAt = m.now - m.rules.HeartbeatTimeout
 			m.onLeaderWriteFailed(pendingWrite{kind: WriteBeat}, "no liveness write of this node answered within 2 × heartbeat_timeout")
 		}
 	} else if m.memberOp == 0 && m.now >= m.nextMemberAt && m.memberBeatDue() {

@@ -234,3 +234,79 @@ func TestNodeModeWholeNodeFailover(t *testing.T) {
 		t.Fatalf("60 s after node-a returned, %d of %d pairs serve there (failback: auto)", got, pairs)
 	}
 }
+
+// A cut shorter than the safety margin moves nothing: no raise, no
+// takeover; the holder's members may count failures but keep the pairs.
+func TestNodeModeShortCutMovesNothing(t *testing.T) {
+	const pairs = 5
+	w := newNodeWorld(t, pairs, func(p string) Rules { return DefaultRules(p, "a", "b") })
+	w.run(10 * time.Second)
+	w.nodes["node-a"].up = false
+	w.run(1500 * time.Millisecond) // fewer than failure_threshold missed writes
+	w.nodes["node-a"].up = true
+	w.run(10 * time.Second)
+	if got := w.servingOn("node-a"); got != pairs {
+		t.Fatalf("%d of %d pairs serve on node-a after a 1.5 s cut", got, pairs)
+	}
+	if e, _ := DecodeLiveness(w.kv[LivenessKey("node-a")].value); e.Epoch != 1 {
+		t.Fatalf("node-a's epoch is %d after a short cut; want 1 (nobody raised it)", e.Epoch)
+	}
+}
+
+// A holder whose node's liveness writer stops answering (while the member
+// runs) fences within (failure_threshold+1) × heartbeat_timeout of its last
+// answer: the member counts the silence as failed writes.
+func TestNodeModeSilentWriterFences(t *testing.T) {
+	r := DefaultRules("p0", "a", "b")
+	m, err := NewMember("a", r, Options{Node: "node-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var writes []Write
+	var procs []Procedure
+	var step func(now time.Duration, rd Ready)
+	step = func(now time.Duration, rd Ready) {
+		writes = append(writes, rd.Writes...)
+		procs = append(procs, rd.Procedures...)
+		for _, p := range rd.Procedures {
+			step(now, m.Step(now, ProcedureResult{Kind: p.Kind, Seq: p.Seq, OK: true}))
+		}
+	}
+	step(0, m.Start(0))
+	step(0, m.Step(0, Synced{}))
+	step(0, m.Step(0, LivenessResult{Err: WriteOK, Epoch: 1, Revision: 1}))
+	var acq Write
+	now := time.Duration(0)
+	for ; now < 5*time.Second && acq.Op == 0; now += 10 * time.Millisecond {
+		step(now, m.Step(now, Tick{}))
+		for _, w := range writes {
+			if w.Kind == WriteAcquire {
+				acq = w
+			}
+		}
+	}
+	if acq.Op == 0 || acq.Leader.Node != "node-a" || acq.Leader.Epoch != 1 {
+		t.Fatalf("bootstrap acquire: %+v", acq)
+	}
+	step(now, m.Step(now, WriteResult{Op: acq.Op, Err: WriteOK, Revision: 2}))
+	step(now, m.Step(now, LivenessResult{Err: WriteOK, Epoch: 1, Revision: 3}))
+	if !m.Serving() {
+		t.Fatalf("phase %v after promote; want leader", m.Phase())
+	}
+	last := now
+	procs = nil
+	fenced := time.Duration(0)
+	for ; now < last+10*time.Second && fenced == 0; now += 10 * time.Millisecond {
+		step(now, m.Step(now, Tick{}))
+		for _, p := range procs {
+			if p.Kind == ProcFence {
+				fenced = now - last
+			}
+		}
+	}
+	bound := time.Duration(r.FailureThreshold+1) * r.HeartbeatTimeout
+	if fenced == 0 || fenced > bound+20*time.Millisecond {
+		t.Fatalf("fenced %v after the writer's last answer; want within %v", fenced, bound)
+	}
+	t.Logf("fenced %v after the writer's last answer (bound %v)", fenced, bound)
+}
