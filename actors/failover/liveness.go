@@ -335,8 +335,13 @@ func (n *NodeLiveness) onResult(r WriteResult) {
 			n.out.Results = append(n.out.Results, LivenessResult{Err: WriteConflict, Epoch: n.epoch, Revision: cur.Rev,
 				Cause: fmt.Sprintf("epoch raised to %d by %s", cur.Value.Epoch, cur.Value.By)})
 			n.nextAt = n.now
-		case !cur.Forged && cur.Value.Own() && cur.Value.Epoch == n.epoch:
-			// Its own late write moved the revision: adopt it, write again.
+		case !cur.Forged && cur.Value.Own() && cur.Value.Node == n.node && cur.Value.Epoch >= n.epoch:
+			// Its own write moved the revision: a late one, or one of its
+			// previous process the watch had not shown before the first
+			// write. Adopt it (and its epoch), write again at once.
+			if cur.Value.Epoch > n.epoch {
+				n.epoch, n.beat = cur.Value.Epoch, 0
+			}
 			n.rev, n.beat = cur.Rev, max(n.beat, cur.Value.Beat)
 			n.nextAt = n.now
 		default:
