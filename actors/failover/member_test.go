@@ -14,7 +14,8 @@ import (
 )
 
 // TestTranscripts runs one transcript per case of the staleness-detection
-// decision. Regenerate with: go test ./actors/failover -run Transcripts -rewrite
+// decision (node_*.txt: with leadership by node liveness, `pair
+// leadership=node`). Regenerate with: go test ./actors/failover -run Transcripts -rewrite
 // and review the diff.
 func TestTranscripts(t *testing.T) {
 	datadriven.Walk(t, filepath.Join("testdata", "transcripts"), func(t *testing.T, path string) {
@@ -98,10 +99,18 @@ func TestTranscripts(t *testing.T) {
 				if wl, _ := arg("workload"); wl == "db" {
 					opts.Rejoin, opts.Positions, opts.Synchronizer = true, true, true
 				}
+				nodeMode := false
+				switch l, _ := arg("leadership"); l {
+				case "", "per-pair":
+				case "node":
+					nodeMode = true
+				default:
+					d.Fatalf(t, "leadership must be node or per-pair")
+				}
 				if err := checkRules(rules, opts); err != nil {
 					return "error: " + err.Error()
 				}
-				w = newWorld(t, rules, opts, &out)
+				w = newWorld(t, rules, opts, nodeMode, &out)
 				return "ok"
 			case "start", "restart":
 				w.start(site())
@@ -141,6 +150,9 @@ func TestTranscripts(t *testing.T) {
 				n := site()
 				n.alive = false
 				w.logf(n.site, "CRASH (process and resource gone)")
+				if n.live != nil {
+					w.logf(n.nodeName, "liveness writer gone with the process")
+				}
 				w.setServing(n, false)
 				if n.db != nil {
 					n.db.role, n.db.syncSet = capability.RoleDown, false
@@ -167,6 +179,9 @@ func TestTranscripts(t *testing.T) {
 				n.clockOffset += by
 				w.logf(n.site, "monotonic clock jumps %v", by)
 				if n.alive {
+					if n.live != nil {
+						w.handleLive(n, n.live.Step(w.local(n), Tick{}))
+					}
 					w.step(n, Tick{})
 				}
 			case "proc":
@@ -231,7 +246,28 @@ func TestTranscripts(t *testing.T) {
 				}
 				if e, ok := w.kv[LeaderKey(w.rules.Pair)]; ok {
 					l, _ := DecodeLeader(e.value)
-					fmt.Fprintf(&out, "register: %v rev=%d written %.3fs\n", l, e.rev, e.at.Sub(epoch).Seconds())
+					lease := ""
+					if w.nodeMode {
+						lease = fmt.Sprintf(" on %s epoch %d", l.Node, l.Epoch)
+					}
+					fmt.Fprintf(&out, "register: %v%s rev=%d written %.3fs\n", l, lease, e.rev, e.at.Sub(epoch).Seconds())
+				}
+				for _, s := range w.sites {
+					n := w.node[s]
+					if !w.nodeMode {
+						break
+					}
+					e, ok := w.kv[LivenessKey(n.nodeName)]
+					if !ok {
+						fmt.Fprintf(&out, "%s: no liveness record\n", n.nodeName)
+						continue
+					}
+					l, _ := DecodeLiveness(e.value)
+					writer := "down"
+					if n.alive && n.live != nil {
+						writer = fmt.Sprintf("writer in epoch %d, %d failed in a row", n.live.Epoch(), n.live.Failures())
+					}
+					fmt.Fprintf(&out, "liveness: %v rev=%d written %.3fs (%s)\n", l, e.rev, e.at.Sub(epoch).Seconds(), writer)
 				}
 				counts := map[string]int{}
 				for _, s := range w.sites {

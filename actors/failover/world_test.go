@@ -16,7 +16,9 @@ import (
 // world is a tiny deterministic host for transcripts: one KV "server" with
 // a server clock, two members, a link per member with latency and drops,
 // and a resource per member whose procedures take time. It checks on every
-// step that the two resources never serve at once.
+// step that the two resources never serve at once. With `pair
+// leadership=node` each member runs on its own node, whose liveness writer
+// shares the member's link and process (a crash ends both).
 type world struct {
 	t      *testing.T
 	rules  Rules
@@ -39,6 +41,10 @@ type world struct {
 	// (the runtime's verification fails on them: Forged).
 	regHist []kvEntry
 	forged  map[uint64]bool
+	// nodeMode: leadership: node. Each site runs on its own node
+	// (site-a on node-a), whose NodeLiveness writes the node's liveness
+	// record over the site's link and feeds the member its results.
+	nodeMode bool
 }
 
 type kvEntry struct {
@@ -76,6 +82,13 @@ type node struct {
 	serving   bool
 	procs     map[ProcKind]procBehaviour
 	db        *db // with a replicating workload (pair workload=db)
+	// Node mode: the node's liveness writer (new with each start of the
+	// site: a crash takes the node's process down with the member), and
+	// what the transcript has said of its writes so far.
+	nodeName    string
+	live        *NodeLiveness
+	liveLanded  bool
+	liveFailing int
 }
 
 var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -104,8 +117,10 @@ func (q *eventQueue) Pop() any {
 	return x
 }
 
-func newWorld(t *testing.T, rules Rules, opts Options, out *strings.Builder) *world {
-	w := &world{t: t, rules: rules, config: rules, opts: opts, kv: map[string]kvEntry{}, node: map[string]*node{}, out: out, forged: map[uint64]bool{}}
+// newWorld makes a world; with nodeMode each site runs on its own node
+// (leadership: node), site-a on node-a.
+func newWorld(t *testing.T, rules Rules, opts Options, nodeMode bool, out *strings.Builder) *world {
+	w := &world{t: t, rules: rules, config: rules, opts: opts, kv: map[string]kvEntry{}, node: map[string]*node{}, out: out, forged: map[uint64]bool{}, nodeMode: nodeMode}
 	for _, s := range []string{rules.Primary, rules.Replica} {
 		w.sites = append(w.sites, s)
 		w.node[s] = &node{site: s, up: 10 * time.Millisecond, down: 10 * time.Millisecond, procs: map[ProcKind]procBehaviour{
@@ -118,6 +133,10 @@ func newWorld(t *testing.T, rules Rules, opts Options, out *strings.Builder) *wo
 		}}
 		if opts.Rejoin {
 			w.node[s].db = &db{role: capability.RoleDown}
+		}
+		if nodeMode {
+			// node-a rather than node-site-a: the transcript's columns stay aligned.
+			w.node[s].nodeName = "node-" + strings.TrimPrefix(s, "site-")
 		}
 	}
 	w.put(ConfigKey(rules.Pair), EncodeRules(rules))
@@ -166,7 +185,7 @@ func (w *world) deliverEntry(n *node, key string, e kvEntry) {
 		inc := n.incarnation
 		w.at(at, func() {
 			if n.alive && n.incarnation == inc {
-				w.step(n, in)
+				w.deliver(n, in)
 			}
 		})
 		return
@@ -197,6 +216,12 @@ func (w *world) inputFor(key string, e kvEntry) Input {
 			w.t.Fatalf("switchover value: %v", err)
 		}
 		return SwitchoverObserved{Rev: e.rev, Request: s}
+	case LivenessNode(key) != "":
+		l, err := DecodeLiveness(e.value)
+		if err != nil {
+			w.t.Fatalf("liveness value: %v", err)
+		}
+		return LivenessObserved{Node: LivenessNode(key), Entry: LivenessEntry{Rev: e.rev, Time: e.at, Value: l}}
 	case key == PauseKey(p), key == ManualFailoverKey(p):
 		in, err := InputOf(p, events.Entry{Key: key, Value: e.value, Revision: e.rev, Time: e.at, Op: events.OpPut})
 		if err != nil {
@@ -298,14 +323,37 @@ func (w *world) putForged(key string, value []byte, forged bool) {
 
 // down sends an input from the server to n over its link, FIFO.
 func (w *world) down(n *node, in Input) {
+	w.downTo(n, func() { w.deliver(n, in) })
+}
+
+// downTo runs fn when something sent now from the server reaches n over
+// its link (FIFO), unless n's process died meanwhile.
+func (w *world) downTo(n *node, fn func()) {
 	at := max(w.now+n.down, n.lastDown)
 	n.lastDown = at
 	inc := n.incarnation
 	w.at(at, func() {
 		if n.alive && n.incarnation == inc {
-			w.step(n, in)
+			fn()
 		}
 	})
+}
+
+// deliver hands what n's watch delivers to its process: to the member,
+// and in node mode also to its node's liveness writer (Synced, and its
+// own record), first, as one watch per node demultiplexed.
+func (w *world) deliver(n *node, in Input) {
+	if n.live != nil {
+		switch v := in.(type) {
+		case Synced, Resynced:
+			w.handleLive(n, n.live.Step(w.local(n), in))
+		case LivenessObserved:
+			if v.Node == n.nodeName {
+				w.handleLive(n, n.live.Step(w.local(n), in))
+			}
+		}
+	}
+	w.step(n, in)
 }
 
 func (w *world) local(n *node) time.Duration { return w.now + n.clockOffset }
@@ -318,7 +366,11 @@ func (w *world) start(n *node) {
 	if n.alive {
 		w.t.Fatalf("start %s: already running", n.site)
 	}
-	m, err := NewMember(n.site, w.rules, w.opts)
+	opts := w.opts
+	if w.nodeMode {
+		opts.Node = n.nodeName
+	}
+	m, err := NewMember(n.site, w.rules, opts)
 	if err != nil {
 		w.t.Fatalf("new member: %v", err)
 	}
@@ -329,6 +381,12 @@ func (w *world) start(n *node) {
 	n.incarnation++
 	n.lastDown, n.lastUp = 0, 0
 	w.handle(n, m.Start(w.local(n)))
+	if w.nodeMode {
+		// A new process: a new liveness writer, which writes once the
+		// watch has shown it its record.
+		n.live, n.liveLanded, n.liveFailing = NewNodeLiveness(n.nodeName, w.rules.HeartbeatTimeout), false, 0
+		w.handleLive(n, n.live.Start(w.local(n)))
+	}
 	// The watch: every existing entry in revision order, then Synced.
 	keys := make([]string, 0, len(w.kv))
 	for k := range w.kv {
@@ -344,6 +402,60 @@ func (w *world) start(n *node) {
 		w.down(n, Synced{})
 	}
 	w.scheduleTick(n)
+	if n.live != nil {
+		w.scheduleLiveTick(n)
+	}
+}
+
+func (w *world) scheduleLiveTick(n *node) {
+	inc := n.incarnation
+	wake := n.live.NextWake() - n.clockOffset
+	if wake <= w.now {
+		wake = w.now + time.Millisecond
+	}
+	w.at(wake, func() {
+		if n.alive && n.incarnation == inc {
+			w.handleLive(n, n.live.Step(w.local(n), Tick{}))
+			w.scheduleLiveTick(n)
+		}
+	})
+}
+
+// handleLive issues the liveness writer's writes over n's link and hands
+// every result to n's member, in order. The transcript shows a node's
+// first landed write, every write that did not land, a raised epoch, and
+// the first write that lands after failures; not the steady beats.
+func (w *world) handleLive(n *node, r NodeReady) {
+	live := n.live
+	for _, wr := range r.Writes {
+		w.sendTo(n, func() { w.apply(n, wr, live) })
+	}
+	for _, res := range r.Results {
+		switch {
+		case res.Err == WriteOK && (!n.liveLanded || n.liveFailing > 0):
+			note := "the first of this process"
+			if n.liveLanded {
+				note = fmt.Sprintf("after %d that did not land", n.liveFailing)
+			}
+			beat := ""
+			if e := w.kv[LivenessKey(n.nodeName)]; e.rev == res.Revision {
+				l, _ := DecodeLiveness(e.value)
+				beat = fmt.Sprintf(", beat %d", l.Beat)
+			}
+			w.logf(n.nodeName, "liveness write landed: epoch %d%s, rev %d (%s)", res.Epoch, beat, res.Revision, note)
+			n.liveLanded, n.liveFailing = true, 0
+		case res.Err == WriteOK:
+		case res.Err == WriteConflict:
+			w.logf(n.nodeName, "liveness write refused: %s; the node carries on in epoch %d (rev %d)", res.Cause, res.Epoch, res.Revision)
+			n.liveFailing = 0
+		default:
+			n.liveFailing++
+			w.logf(n.nodeName, "liveness write failed (%d in a row): %s", n.liveFailing, res.Cause)
+		}
+		if n.alive {
+			w.step(n, res)
+		}
+	}
 }
 
 func (w *world) scheduleTick(n *node) {
@@ -374,17 +486,25 @@ func (w *world) handle(n *node, r Ready) {
 }
 
 func (w *world) send(n *node, wr Write) {
+	w.sendTo(n, func() { w.apply(n, wr, nil) })
+}
+
+// sendTo runs fn on the server when something sent now by n reaches it
+// over its link (FIFO), unless the link drops it.
+func (w *world) sendTo(n *node, fn func()) {
 	if n.dropUp {
 		return
 	}
 	at := max(w.now+n.up, n.lastUp)
 	n.lastUp = at
-	w.at(at, func() { w.apply(n, wr) })
+	w.at(at, fn)
 }
 
 // apply executes a write on the server, even from a dead process (a zombie
-// write already on the wire), and answers it.
-func (w *world) apply(n *node, wr Write) {
+// write already on the wire), and answers it: to n's member, or to the
+// liveness writer live that issued it (a restarted node's new writer
+// never sees its predecessor's answers).
+func (w *world) apply(n *node, wr Write, live *NodeLiveness) {
 	cur, exists := w.kv[wr.Key]
 	res := WriteResult{Op: wr.Op}
 
@@ -398,21 +518,33 @@ func (w *world) apply(n *node, wr Write) {
 			le := w.leaderEntry(cur)
 			res.Current = &le
 		}
+		if exists && LivenessNode(wr.Key) != "" {
+			in := w.inputFor(wr.Key, cur).(LivenessObserved)
+			res.CurrentLive = &in.Entry
+		}
 	}
 	if !n.alive || n.dropDown {
 		return
+	}
+	answer := func() { w.step(n, res) }
+	if live != nil {
+		answer = func() {
+			if n.live == live {
+				w.handleLive(n, live.Step(w.local(n), res))
+			}
+		}
 	}
 	n.answers++
 	if n.lateEvery > 0 && n.answers%n.lateEvery == 0 {
 		inc := n.incarnation
 		w.at(w.now+n.down+n.lateBy, func() {
 			if n.alive && n.incarnation == inc {
-				w.step(n, res)
+				answer()
 			}
 		})
 		return
 	}
-	w.down(n, res)
+	w.downTo(n, answer)
 }
 
 func (w *world) runProc(n *node, p Procedure) {
