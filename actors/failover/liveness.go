@@ -327,7 +327,9 @@ func (n *NodeLiveness) onResult(r WriteResult) {
 			n.fail("conflict, and the record could not be read back")
 		case cur.Rev <= n.rev:
 			n.fail(fmt.Sprintf("conflict, but the record read back (rev %d) is not newer than the node's last write (rev %d): stale read", cur.Rev, n.rev))
-		case !cur.Forged && !cur.Value.Own() && cur.Value.Epoch > n.epoch:
+		case !cur.Forged && !cur.Value.Own() && cur.Value.Node == n.node && (cur.Value.Epoch > n.epoch || cur.Value.Epoch == n.epoch && n.rev == 0):
+			// (Equal, before its first write landed: a raise the watch
+			// showed it at start, and it carries on in it already.)
 			// Another node raised the epoch: every lease of the old epoch
 			// is over. The node beats on in the new one.
 			n.epoch, n.rev, n.beat = cur.Value.Epoch, cur.Rev, 0

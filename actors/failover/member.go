@@ -1046,7 +1046,13 @@ func (m *Member) onLeaderWriteAnswered(w pendingWrite, r WriteResult) {
 		case WriteOK:
 			m.lastRev = max(m.lastRev, r.Revision)
 			m.noteWritten(w.leader, r.Revision)
-			m.onBeatSuccess(w.leader.Fenced)
+			if m.opts.Node == "" || (m.phase == PhaseSuspended && !w.leader.Fenced && m.successes >= m.rules.SuccessThreshold) {
+				// Node mode: only the node's liveness writes are heartbeats,
+				// but for the announcement of an unfencing, which lands by CAS
+				// once success_threshold of them did: it unfences, as it does
+				// per pair.
+				m.onBeatSuccess(w.leader.Fenced)
+			}
 			m.onSyncLanded(w.leader, r.Revision)
 		case WriteConflict:
 			if r.Current != nil && why != "" {
@@ -1167,6 +1173,12 @@ func cause(r WriteResult) string {
 func (m *Member) onLeaderWriteFailed(w pendingWrite, why string) {
 	switch w.kind {
 	case WriteBeat:
+		if m.opts.Node != "" && w.op != 0 {
+			// Node mode: a register write publishes a change; only the
+			// node's liveness writes (op 0 here) are heartbeats. It is
+			// written again at the next interval.
+			return
+		}
 		m.successes = 0
 		m.failures++
 		m.emit(&HeartbeatFailed{Term: m.term, Failures: m.failures, Cause: why})
@@ -2140,6 +2152,9 @@ func (m *Member) onLivenessResult(r LivenessResult) {
 	switch {
 	case r.Err == WriteOK && (r.Epoch == m.leaseEpoch || honourBumpedLease):
 		m.onBeatSuccess(m.written.Fenced)
+	case r.Err == WriteConflict && r.Epoch == m.leaseEpoch:
+		// The record moved, but not past the lease (a raise this node had
+		// carried on already): neither beat nor failure.
 	case r.Err == WriteOK || r.Err == WriteConflict:
 		// Another node raised this node's epoch past the lease: whoever
 		// did judged this node's liveness stale, and may take the register.
