@@ -216,34 +216,38 @@ type Member struct {
 	// rewatched: the watch was established afresh (Resynced); its first
 	// delivery of this member's heartbeat skips the ones written while it
 	// was re-established, and that gap is the watch's, not the store's.
-	rewatched    bool
-	lastRev      uint64 // revision of this member's own last landed register write
-	beat         uint64
-	memberBeat   uint64
-	inflight     *pendingWrite
-	late         []pendingWrite
-	memberOp     uint64
-	memberDue    time.Duration
-	nextBeatAt   time.Duration
-	nextMemberAt time.Duration
-	failures     int
-	successes    int
-	prefCount    int
-	prefLast     time.Time
-	memberOK     int           // consecutive own heartbeats acknowledged in time
-	memberAckRev uint64        // revision of the latest own heartbeat acknowledged in time
-	checkSeq     uint64        // last check requested (its own sequence: checks are not durable)
-	checkWait    bool          // a check is running
-	checkDue     time.Duration // local time of the next check
-	checkFails   int           // consecutive failed checks
-	checkHold    bool          // handed over for failed checks: not ready until a check passes
-	peerReady    int           // consecutive ready heartbeats of the other site, gaps <= 2 heartbeat_timeout
-	peerLast     time.Time     // server time of the other site's last heartbeat
-	peerSeenAt   time.Duration // local time it was observed
-	fencedSince  time.Time     // server time of the first write of the current fenced run of the holder
-	fencedSeenAt time.Duration
-	unfencedRun  int    // consecutive unfenced writes of the holder in its term since fencedSince
-	probedFor    uint64 // leader revision a staleness probe was written for
+	rewatched     bool
+	lastRev       uint64 // revision of this member's own last landed register write
+	beat          uint64
+	memberBeat    uint64
+	inflight      *pendingWrite
+	late          []pendingWrite
+	memberOp      uint64
+	memberDue     time.Duration
+	nextBeatAt    time.Duration
+	nextMemberAt  time.Duration
+	failures      int
+	successes     int
+	prefCount     int
+	prefLast      time.Time
+	memberOK      int           // consecutive own heartbeats acknowledged in time
+	memberAckRev  uint64        // revision of the latest own heartbeat acknowledged in time
+	memberAckPrev uint64        // node mode: the one before
+	checkSeq      uint64        // last check requested (its own sequence: checks are not durable)
+	checkWait     bool          // a check is running
+	checkDue      time.Duration // local time of the next check
+	checkFails    int           // consecutive failed checks
+	checkHold     bool          // handed over for failed checks: not ready until a check passes
+	peerReady     int           // consecutive ready heartbeats of the other site, gaps <= 2 heartbeat_timeout
+	peerLast      time.Time     // server time of the other site's last heartbeat
+	peerSeenAt    time.Duration // local time it was observed
+	fencedSince   time.Time     // server time of the first write of the current fenced run of the holder
+	fencedSeenAt  time.Duration
+	unfencedRun   int // consecutive unfenced writes of the holder in its term since fencedSince
+	// unfencedAt (node mode): server time of the holder's unfenced value
+	// that follows a fenced one (zero: none, or it is fenced).
+	unfencedAt time.Time
+	probedFor  uint64 // leader revision a staleness probe was written for
 	// acquireAt: no acquire before this local time. An acquire that NATS
 	// refused without showing a newer register, or that failed, waits a
 	// heartbeat_timeout: retrying at once could only loop.
@@ -826,6 +830,12 @@ func (m *Member) acquire(reason AcquireReason, expect uint64, stale time.Duratio
 // lag seconds behind after a partition. A member whose watch lags would
 // not see a handoff in time, and the register would stand vacant.
 func (m *Member) watchCaughtUp() bool {
+	if m.opts.Node != "" {
+		// Node mode: the node's latest liveness write may be on its way
+		// to the watch as its result comes in; the one before must have
+		// been delivered (else a heartbeat would flip ready at every write).
+		return m.synced && m.memberAckPrev != 0 && m.ownBeatRev >= m.memberAckPrev
+	}
 	return m.synced && m.memberAckRev != 0 && m.ownBeatRev >= m.memberAckRev
 }
 
@@ -1175,8 +1185,11 @@ func (m *Member) onLeaderWriteFailed(w pendingWrite, why string) {
 	case WriteBeat:
 		if m.opts.Node != "" && w.op != 0 {
 			// Node mode: a register write publishes a change; only the
-			// node's liveness writes (op 0 here) are heartbeats. It is
-			// written again at the next interval.
+			// node's liveness writes (op 0 here) are heartbeats. It may
+			// have landed all the same: the holder writes its value again
+			// at the next interval, by CAS (an own late write found there
+			// is adopted), so the register ends up saying what it should.
+			m.writtenOK = false
 			return
 		}
 		m.successes = 0
@@ -1406,12 +1419,12 @@ func (m *Member) takeLeader(e LeaderEntry) {
 	switch {
 	case !sameHolder:
 		// A new holder (or term) starts a new run.
-		m.fencedSince, m.fencedSeenAt, m.unfencedRun = time.Time{}, 0, 0
+		m.fencedSince, m.fencedSeenAt, m.unfencedRun, m.unfencedAt = time.Time{}, 0, 0, time.Time{}
 		if e.Value.Fenced {
 			m.fencedSince, m.fencedSeenAt = e.Time, m.now
 		}
 	case e.Value.Fenced:
-		m.unfencedRun = 0
+		m.unfencedRun, m.unfencedAt = 0, time.Time{}
 		if m.fencedSince.IsZero() {
 			m.fencedSince, m.fencedSeenAt = e.Time, m.now
 		}
@@ -1423,6 +1436,14 @@ func (m *Member) takeLeader(e LeaderEntry) {
 		// again. Counting such announcements as recoveries would restart
 		// the clock at every one, and a holder on a bad link would keep the
 		// pair without a primary for as long as the link stays bad.
+		if m.opts.Node != "" {
+			// Node mode: the register is not written again while it says
+			// the same (see onLiveness).
+			if m.unfencedAt.IsZero() && !m.fencedSince.IsZero() {
+				m.unfencedAt = e.Time
+			}
+			break
+		}
 		m.unfencedRun++
 		if m.unfencedRun >= m.rules.SuccessThreshold {
 			m.fencedSince, m.fencedSeenAt = time.Time{}, 0
@@ -2142,7 +2163,9 @@ func (m *Member) onLivenessResult(r LivenessResult) {
 	}
 	if r.Err == WriteOK {
 		m.memberOK++
-		m.memberAckRev = max(m.memberAckRev, r.Revision)
+		if r.Revision > m.memberAckRev {
+			m.memberAckPrev, m.memberAckRev = m.memberAckRev, r.Revision
+		}
 	} else {
 		m.memberOK = 0
 	}
@@ -2215,13 +2238,13 @@ func (m *Member) onLiveness(in LivenessObserved) {
 	}
 	if l := m.leader.Value; m.leaderKnown && l.Site != "" && l.Node == in.Node && (l.Epoch == v.Epoch || honourBumpedLease) && e.Rev > m.beatRev {
 		m.beatRev, m.beatTime, m.leaderSeenAt = e.Rev, e.Time, m.now
-		if !l.Fenced && !m.fencedSince.IsZero() {
-			// The holder's unfenced value stands while its node beats: each
-			// beat counts as an unfenced write (see takeLeader).
-			m.unfencedRun++
-			if m.unfencedRun >= m.rules.SuccessThreshold {
-				m.fencedSince, m.fencedSeenAt = time.Time{}, 0
-			}
+		if !l.Fenced && !m.fencedSince.IsZero() && !m.unfencedAt.IsZero() && e.Time.Sub(m.unfencedAt) >= m.rules.FailoverTimeout {
+			// The holder's unfenced value has stood for failover_timeout
+			// while its node beat: it recovered. A lone announcement of an
+			// unfencing whose answer was lost is replaced by a fenced value
+			// within a few heartbeats, and does not restart the clock (see
+			// takeLeader).
+			m.fencedSince, m.fencedSeenAt, m.unfencedAt = time.Time{}, 0, time.Time{}
 		}
 	}
 	if m.peerHBKnown && m.peerHB.Node == in.Node {
