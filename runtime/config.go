@@ -22,6 +22,7 @@ import (
 
 	"understudy/actors"
 	"understudy/actors/agent"
+	"understudy/actors/failover"
 	"understudy/actors/procedure"
 	"understudy/actors/resources"
 	"understudy/actors/resources/libvirt"
@@ -66,6 +67,12 @@ type Config struct {
 	Node string `yaml:"node"`
 	// Pairs are the failover pair members this node hosts.
 	Pairs []PairMember `yaml:"pairs"`
+	// Leadership is how the node's pairs keep leadership: "node" (one
+	// liveness record per node, heartbeated once per heartbeat_timeout
+	// whatever the number of pairs; a register names its holder's node and
+	// epoch) or "per-pair" (every member heartbeats its own pair's keys).
+	// Empty: DefaultLeadership. docs/failover.md explains both.
+	Leadership string `yaml:"leadership"`
 	// Agent, when set, runs this node's agent: it converges to the
 	// manifest at desired-state.<id> of the fleet bucket.
 	Agent *AgentSection `yaml:"agent"`
@@ -280,6 +287,47 @@ func (f LogFormat) String() string {
 	return "LogFormat(" + strconv.Itoa(int(f)) + ")"
 }
 
+// Leadership is how a node's pairs keep leadership (the node file's
+// leadership).
+type Leadership int
+
+const (
+	// LeadershipPerPair: every member heartbeats its pair's register or
+	// its own heartbeat key; the store's write rate grows with the pairs.
+	LeadershipPerPair Leadership = iota + 1
+	// LeadershipNode: the node heartbeats one liveness record; a pair's
+	// register names its holder's node and epoch and is written only when
+	// it changes (failover.NodeLiveness).
+	LeadershipNode
+)
+
+// DefaultLeadership is the leadership of a node file without the key.
+const DefaultLeadership = LeadershipPerPair
+
+func (l Leadership) String() string {
+	switch l {
+	case LeadershipPerPair:
+		return "per-pair"
+	case LeadershipNode:
+		return "node"
+	}
+	return "Leadership(" + strconv.Itoa(int(l)) + ")"
+}
+
+// ParseLeadership reads the node file's leadership ("" is
+// DefaultLeadership).
+func ParseLeadership(s string) (Leadership, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "":
+		return DefaultLeadership, nil
+	case "node":
+		return LeadershipNode, nil
+	case "per-pair":
+		return LeadershipPerPair, nil
+	}
+	return 0, &ConfigError{Field: "leadership", Rule: "must be node (one liveness write per node and heartbeat, whatever the number of pairs) or per-pair (every member writes its pair's keys every heartbeat)", Value: s}
+}
+
 // settings are a Config's typed values, produced only by Config.resolve.
 type settings struct {
 	embedded bool
@@ -325,7 +373,9 @@ type settings struct {
 	security *SecuritySection
 
 	members []MemberConfig
-	agent   *AgentConfig
+	// leadership is the node file's leadership (never zero).
+	leadership Leadership
+	agent      *AgentConfig
 	// libvirtDriver is where understudy-libvirt is, for the agent's kinds
 	// and the members' libvirt steps alike: resolved at load (libvirt.driver,
 	// else FindDriver) when the agent or a libvirt step may need it, else
@@ -595,6 +645,14 @@ func (c Config) resolve() (settings, error) {
 	members, perrs := resolvePairs(c.Node, c.Pairs, c.BaseDir)
 	errs = append(errs, perrs...)
 	s.members = members
+	if l, err := ParseLeadership(c.Leadership); err != nil {
+		errs = append(errs, err)
+	} else {
+		s.leadership = l
+		if l == LeadershipNode {
+			errs = append(errs, checkNodeLeadership(c.Node, members)...)
+		}
+	}
 	s.deadAfter = DefaultDeadAfter
 	for i, m := range members {
 		if h := m.Rules.HeartbeatTimeout; h > 0 && (i == 0 || h < s.deadAfter) {
@@ -648,6 +706,44 @@ func (c Config) resolve() (settings, error) {
 		return settings{}, errors.Join(errs...)
 	}
 	return s, nil
+}
+
+// checkNodeLeadership checks what leadership: node needs of a node file:
+// a node name that can name its liveness record, and one heartbeat_timeout
+// for all its pairs (one liveness write per heartbeat serves them all).
+func checkNodeLeadership(node string, members []MemberConfig) []error {
+	var errs []error
+	if err := failover.CheckName(node); err != nil {
+		errs = append(errs, &ConfigError{Field: "node", Rule: "must be set with leadership: node, and " + err.Error() + ": it names the node's liveness record (" + failover.LivenessKey("<node>") + ")", Value: node})
+	}
+	if err := checkOneHeartbeat(members, func(i int) string { return "pairs[" + strconv.Itoa(i) + "].heartbeat_timeout" }); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
+}
+
+// checkOneHeartbeat refuses pairs whose heartbeat_timeout differ: with
+// leadership: node, the node's one liveness write per heartbeat is every
+// pair's heartbeat. The error names the field and the pairs that differ;
+// field(i) is the field of members[i].
+func checkOneHeartbeat(members []MemberConfig, field func(i int) string) error {
+	if len(members) == 0 {
+		return nil
+	}
+	first := members[0].Rules
+	for i, m := range members[1:] {
+		if m.Rules.HeartbeatTimeout != first.HeartbeatTimeout {
+			return heartbeatMismatch(field(i+1), first, m.Rules)
+		}
+	}
+	return nil
+}
+
+func heartbeatMismatch(field string, a, b failover.Rules) error {
+	return &ConfigError{Field: field,
+		Rule: fmt.Sprintf("must be the same for every pair of a node with leadership: node (the node's one liveness write per heartbeat is all its pairs' heartbeat): pair %s has %s, pair %s has %s",
+			a.Pair, a.HeartbeatTimeout, b.Pair, b.HeartbeatTimeout),
+		Value: b.HeartbeatTimeout.String()}
 }
 
 func isNamedLevel(s string) bool {

@@ -380,3 +380,78 @@ func TestCheckCredsAcceptsWellFormedCreds(t *testing.T) {
 		t.Errorf("well-formed creds: %v", err)
 	}
 }
+
+// leadership: node or per-pair (default DefaultLeadership); node needs a
+// node name and one heartbeat_timeout for all the node's pairs, each
+// refusal naming the field and the rule.
+func TestConfigLeadership(t *testing.T) {
+	withPairs := func(node string, hbs ...time.Duration) Config {
+		c := validConfig(t)
+		c.Node = node
+		for i, hb := range hbs {
+			r := fastRules(t, fmt.Sprintf("pair-%d", i))
+			ft, st := r.FailureThreshold, r.SuccessThreshold
+			pf := PairFile{Pair: r.Pair, Primary: r.Primary, Replica: r.Replica, HeartbeatTimeout: hb.String(),
+				FailureThreshold: &ft, SuccessThreshold: &st, FailoverTimeout: "10s", FenceGrace: r.FenceGrace.String()}
+			c.Pairs = append(c.Pairs, PairMember{PairFile: pf, Member: "site-a", Procedures: recordedProcedures()})
+		}
+		return c
+	}
+	c := withPairs("site-a", 300*time.Millisecond)
+	s, err := c.resolve()
+	if err != nil || s.leadership != DefaultLeadership {
+		t.Fatalf("without the key: %v, %v; want %v", s.leadership, err, DefaultLeadership)
+	}
+	for _, v := range []string{"node", "per-pair", "Node"} {
+		c.Leadership = v
+		if s, err := c.resolve(); err != nil || s.leadership.String() != strings.ToLower(v) {
+			t.Errorf("leadership: %s resolved to %v, %v", v, s.leadership, err)
+		}
+	}
+	refused := func(c Config, field, rule string) {
+		t.Helper()
+		var ce *ConfigError
+		for _, e := range flatten(c.Validate()) {
+			if errors.As(e, &ce) && ce.Field == field && strings.Contains(ce.Rule, rule) {
+				return
+			}
+		}
+		t.Errorf("want %s refused (%q); got %v", field, rule, c.Validate())
+	}
+	c.Leadership = "cluster"
+	refused(c, "leadership", "must be node")
+	c = withPairs("", 300*time.Millisecond)
+	c.Pairs[0].Member = "site-a"
+	c.Leadership = "node"
+	refused(c, "node", "must be set with leadership: node")
+	c = withPairs("site-a", 300*time.Millisecond, 300*time.Millisecond, 500*time.Millisecond)
+	c.Leadership = "node"
+	refused(c, "pairs[2].heartbeat_timeout", "pair pair-0 has 300ms, pair pair-2 has 500ms")
+	c.Leadership = "per-pair"
+	if err := c.Validate(); err != nil {
+		t.Errorf("per-pair leadership with pairs of different heartbeat_timeout: %v", err)
+	}
+}
+
+// In per-pair leadership the members' own writes tell the store's health:
+// a write over half its heartbeat_timeout makes the node degraded, once
+// (one warning per episode), and fast writes alone keep it healthy.
+func TestStoreHealthOfMemberWrites(t *testing.T) {
+	log, rec := newLogRecorder(t)
+	h := newStoreHealth(log, nil)
+	for range 10 {
+		h.observeWrite(10*time.Millisecond, time.Second)
+	}
+	if s := h.snapshot(); s.Degraded || s.Worst != 10*time.Millisecond {
+		t.Fatalf("fast writes: %+v", s)
+	}
+	for range 10 {
+		h.observeWrite(600*time.Millisecond, time.Second)
+	}
+	if s := h.snapshot(); !s.Degraded || s.Worst != 600*time.Millisecond {
+		t.Fatalf("slow writes: %+v", s)
+	}
+	if n := len(rec.matching("store writes are slow: heartbeats are at risk (overload, not failure); members fence only if writes keep missing heartbeat_timeout")); n != 1 {
+		t.Errorf("%d warnings for one episode", n)
+	}
+}

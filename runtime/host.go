@@ -63,6 +63,16 @@ type HostOptions struct {
 	// deployment has no security section. Members added later (AddMember,
 	// the agent's postgres-pair kind) use it too.
 	Trust *ValueTrust
+	// Node is the node's name: with LeadershipNode, its liveness record's
+	// (failover.LivenessKey), and every member's failover.Options.Node.
+	Node string
+	// Leadership of the members; zero: LeadershipPerPair. With
+	// LeadershipNode every pair of the host must have one
+	// heartbeat_timeout, and Node must be set.
+	Leadership Leadership
+
+	// wrapKV, when set, wraps the failover bucket (tests: a slow store).
+	wrapKV func(events.KV) events.KV
 }
 
 // Host runs pair members as hollywood actors on one NATS connection, and
@@ -81,6 +91,22 @@ type Host struct {
 	lvcfg   libvirt.DriverConfig
 	observe func(Transition)
 	trust   *ValueTrust
+
+	// node and leadership as HostOptions gave them; health is the store's
+	// write latency as the node sees it; probe what the store sustained at
+	// start (nil: not measured).
+	node       string
+	leadership Leadership
+	health     *storeHealth
+	probe      *StoreProbe
+	// With LeadershipNode, once the first member is known: the node's
+	// heartbeat_timeout, its watch, its liveness actor, the raises of
+	// other nodes' epochs and the rules publications (a few at a time).
+	interval time.Duration
+	watch    *nodeWatch
+	liveness *actor.PID
+	raises   *raiseDeduper
+	publish  chan struct{}
 
 	mu       sync.Mutex
 	slots    []*memberSlot
@@ -191,6 +217,9 @@ func (h *Host) spawn(sl *memberSlot) {
 	gen := sl.gen
 	deps := sl.deps
 	deps.OnStop = func(reason string) { h.memberStopped(sl, gen, reason) }
+	if h.leadership == LeadershipNode {
+		deps.watch, deps.raises, deps.publish = h.watch, h.raises, h.publish
+	}
 	id := sl.cfg.Rules.Pair + "." + sl.cfg.Site
 	if gen > 1 {
 		id = fmt.Sprintf("%s.%d", id, gen)
@@ -265,16 +294,40 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 	if err != nil {
 		return nil, err
 	}
-	kv, err := events.NewJetStreamKV(ctx, js, bucket)
+	jkv, err := events.NewJetStreamKV(ctx, js, bucket)
 	if err != nil {
+		return nil, err
+	}
+	var kv events.KV = jkv
+	if opts.wrapKV != nil {
+		kv = opts.wrapKV(kv)
+	}
+	if opts.Node == "" && opts.Trust != nil {
+		opts.Node = opts.Trust.node // its key signs as that node
+	}
+	leadership := opts.Leadership
+	if leadership == 0 {
+		leadership = LeadershipPerPair
+	}
+	if leadership == LeadershipNode {
+		if err := failover.CheckName(opts.Node); err != nil {
+			return nil, &ConfigError{Field: "node", Rule: "must be set with leadership: node, and " + err.Error(), Value: opts.Node}
+		}
+		if err := checkOneHeartbeat(members, func(int) string { return "heartbeat_timeout" }); err != nil {
+			return nil, err
+		}
+	}
+	h := &Host{Log: evlog, KV: kv, logger: logger, metrics: opts.Metrics,
+		lvcfg: opts.LibvirtDriver, observe: opts.Observe, trust: opts.Trust, adding: map[string]bool{},
+		node: opts.Node, leadership: leadership, health: newStoreHealth(logger.With("component", "store-health"), opts.Metrics)}
+	if err := h.checkStore(ctx, members); err != nil {
 		return nil, err
 	}
 	engine, err := actor.NewEngine(actor.NewEngineConfig())
 	if err != nil {
 		return nil, fmt.Errorf("runtime: actor engine: %w", err)
 	}
-	h := &Host{engine: engine, Log: evlog, KV: kv, logger: logger, metrics: opts.Metrics,
-		lvcfg: opts.LibvirtDriver, observe: opts.Observe, trust: opts.Trust, adding: map[string]bool{}}
+	h.engine = engine
 	h.drivers = opts.Drivers
 	if h.drivers == nil {
 		h.libvirt = libvirt.NewDriverProcess(opts.LibvirtDriver, logger)
@@ -293,17 +346,102 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.leadership == LeadershipNode && len(members) > 0 {
+		h.startNode(members[0].Rules.HeartbeatTimeout)
+	}
 	for _, sl := range slots {
 		h.slots = append(h.slots, sl)
 		h.spawn(sl)
-		logger.Info("member started", "pair", sl.cfg.Rules.Pair, "site", sl.cfg.Site)
+		if len(slots) <= 100 {
+			logger.Info("member started", "pair", sl.cfg.Rules.Pair, "site", sl.cfg.Site)
+		}
+	}
+	if len(slots) > 100 {
+		logger.Info("members started", "members", len(slots))
 	}
 	return h, nil
+}
+
+// checkStore probes the store's write rate (StoreProbe) and refuses, with
+// per-pair leadership, members it cannot heartbeat (CapacityError). A
+// probe that fails (the store does not answer now) refuses nothing: the
+// members start and ride it out, as they would a store lost later.
+func (h *Host) checkStore(ctx context.Context, members []MemberConfig) error {
+	p, err := probeStore(ctx, h.KV, probeKey(h.node))
+	if err != nil {
+		h.logger.Warn("store write rate not measured at start; members start without the capacity check", "err", err)
+		return nil
+	}
+	h.probe = &p
+	need := heartbeatWrites(members)
+	if h.leadership == LeadershipNode {
+		if len(members) > 0 {
+			need = float64(time.Second) / float64(members[0].Rules.HeartbeatTimeout)
+		}
+		h.logger.Info("store write rate measured", "leadership", h.leadership.String(), "members", len(members),
+			"heartbeat_writes_per_second", round1(need), "store_writes_per_second", round1(p.PerSecond), "burst_writes_per_second", round1(p.Burst), "write_latency", p.Latency)
+		return nil
+	}
+	if err := checkCapacity(h.probe, members); err != nil {
+		h.logger.Error("refusing to start: the store cannot heartbeat this node's members", "err", err)
+		return err
+	}
+	h.logger.Info("store write rate measured", "leadership", h.leadership.String(), "members", len(members),
+		"heartbeat_writes_per_second", round1(need), "store_writes_per_second", round1(p.PerSecond), "burst_writes_per_second", round1(p.Burst), "write_latency", p.Latency,
+		"share_used", fmt.Sprintf("%.0f%%", 100*need/p.PerSecond))
+	return nil
+}
+
+func round1(f float64) float64 { return float64(int64(f*10+0.5)) / 10 }
+
+// startNode starts what leadership: node needs once the node's
+// heartbeat_timeout is known: its watch, the raises' deduplication and its
+// liveness actor. h.mu is held (or the host is not shared yet).
+func (h *Host) startNode(interval time.Duration) {
+	if h.watch != nil {
+		return
+	}
+	h.interval = interval
+	h.watch = newNodeWatch(h.KV, h.trust, h.node, interval, h.logger)
+	h.watch.start()
+	h.raises = newRaiseDeduper(h.KV, h.trust, interval)
+	h.publish = make(chan struct{}, 4) // a few rules publications at a time
+	h.liveness = h.engine.Spawn(newLivenessActor(h.node, interval, h.KV, h.trust, h.watch, h.health, h.logger), "liveness", actor.WithID(h.node))
+	h.logger.Info("node liveness started", "node", h.node, "key", failover.LivenessKey(h.node), "heartbeat_timeout", interval)
+}
+
+// StoreHealth reports the store's write latency as the node sees it.
+func (h *Host) StoreHealth() StoreHealth { return h.health.snapshot() }
+
+// Probe reports what the store sustained at start (false: not measured).
+func (h *Host) Probe() (StoreProbe, bool) {
+	if h.probe == nil {
+		return StoreProbe{}, false
+	}
+	return *h.probe, true
+}
+
+// Raises reports the raises of other nodes' epochs the node's members
+// made (leadership: node): written, and answered by an identical raise's
+// write instead.
+func (h *Host) Raises() (written, joined uint64) {
+	h.mu.Lock()
+	r := h.raises
+	h.mu.Unlock()
+	if r == nil {
+		return 0, 0
+	}
+	return r.written.Load(), r.joined.Load()
 }
 
 func (h *Host) newSlot(mc MemberConfig, closer io.Closer) *memberSlot {
 	sl := &memberSlot{cfg: mc, deps: MemberDeps{Log: h.Log, KV: h.KV, Drivers: h.drivers, Logger: h.logger, Observe: h.observe, Metrics: h.metrics,
 		Snapshot: &MemberSnapshotter{}, Trust: h.trust}}
+	if h.leadership == LeadershipNode {
+		sl.cfg.Options.Node = h.node
+	} else {
+		sl.deps.health = h.health
+	}
 	if closer != nil {
 		sl.closer = &onceCloser{c: closer}
 	}
@@ -343,6 +481,10 @@ func (h *Host) AddMember(mc MemberConfig) error {
 		h.mu.Unlock()
 		return fmt.Errorf("runtime: member %s is hosted already on this node (its node file's pairs, or another resource): remove it first", key)
 	}
+	if err := h.admits(mc); err != nil {
+		h.mu.Unlock()
+		return err
+	}
 	h.adding[key] = true
 	h.mu.Unlock()
 	mc, closer, err := h.workload(mc)
@@ -358,10 +500,39 @@ func (h *Host) AddMember(mc MemberConfig) error {
 		h.closeWorkload(sl)
 		return ErrHostStopped
 	}
+	if err := h.admits(mc); err != nil { // another AddMember may have come first
+		h.closeWorkload(sl)
+		return err
+	}
+	if h.leadership == LeadershipNode {
+		h.startNode(mc.Rules.HeartbeatTimeout)
+	}
 	h.slots = append(h.slots, sl)
 	h.spawn(sl)
 	h.logger.Info("member added", "pair", mc.Rules.Pair, "site", mc.Site)
 	return nil
+}
+
+// admits says why the host cannot take one more member mc (nil when it
+// can): with leadership: node, a heartbeat_timeout other than the node's;
+// with per-pair leadership, more heartbeat writes than the store sustains
+// (CapacityError). h.mu is held.
+func (h *Host) admits(mc MemberConfig) error {
+	if h.leadership == LeadershipNode {
+		if h.interval != 0 && mc.Rules.HeartbeatTimeout != h.interval {
+			other := failover.Rules{Pair: "(the node's first pair)", HeartbeatTimeout: h.interval}
+			if len(h.slots) > 0 {
+				other = h.slots[0].cfg.Rules
+			}
+			return heartbeatMismatch("heartbeat_timeout", other, mc.Rules)
+		}
+		return nil
+	}
+	all := make([]MemberConfig, 0, len(h.slots)+1)
+	for _, sl := range h.slots {
+		all = append(all, sl.cfg)
+	}
+	return checkCapacity(h.probe, append(all, mc))
 }
 
 // RemoveMember stops a member AddMember added, for good: a leading member
@@ -571,5 +742,20 @@ func (h *Host) Stop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
+	}
+	// The node's liveness beats until its members are gone: their leases
+	// (a leader's hand-over included) live on it.
+	h.mu.Lock()
+	liveness, watch := h.liveness, h.watch
+	h.mu.Unlock()
+	if liveness != nil {
+		select {
+		case <-h.engine.Poison(liveness).Done():
+		case <-ctx.Done():
+			return
+		}
+	}
+	if watch != nil {
+		watch.stop()
 	}
 }

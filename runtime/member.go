@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -75,6 +76,17 @@ type MemberDeps struct {
 	// Trust signs the member's register writes and verifies every register
 	// value it reads; nil: neither (no security section).
 	Trust *ValueTrust
+
+	// With leadership: node (Options.Node set), the host's: the node's
+	// one watch, which feeds the member instead of a watch of its own;
+	// the raises of other nodes' epochs, deduplicated; the rules
+	// publications, a few at a time. Nil otherwise.
+	watch   *nodeWatch
+	raises  *raiseDeduper
+	publish chan struct{}
+	// health, when set, gets the answer time of every write (per-pair
+	// leadership: the members' writes are the node's heartbeats).
+	health *storeHealth
 }
 
 // MemberSnapshot is a member's state as its node's HTTP endpoints report
@@ -282,8 +294,13 @@ func (a *memberActor) started(c *actor.Context) {
 	if _, ok := a.workload.(capability.Watched); ok {
 		go a.petter()
 	}
-	go a.watch()
-	go a.bridge()
+	if a.deps.watch != nil {
+		a.deps.watch.subscribe(a)
+		go a.publishRulesOnce()
+	} else {
+		go a.watch()
+		go a.bridge()
+	}
 	a.handle(a.m.Start(a.now()))
 	a.snapshot()
 	a.schedule()
@@ -355,6 +372,9 @@ func (a *memberActor) onConflict(c *actor.Context, err error) {
 	}
 	a.conflicted = true
 	a.stopReason = "another process appends to its event subject: " + err.Error()
+	if a.deps.watch != nil {
+		a.deps.watch.unsubscribe(a) // no more inputs
+	}
 	if a.cancel != nil {
 		a.cancel() // ends the KV watch: no more inputs
 	}
@@ -375,6 +395,9 @@ func (a *memberActor) onConflict(c *actor.Context, err error) {
 }
 
 func (a *memberActor) stopped() {
+	if a.deps.watch != nil && a.pid != nil {
+		a.deps.watch.unsubscribe(a)
+	}
 	if a.cancel != nil {
 		a.cancel()
 	}
@@ -475,6 +498,15 @@ func (a *memberActor) handle(r failover.Ready) {
 	a.deps.Metrics.observe(a.cfg.Rules.Pair, a.cfg.Site, a.m, r.Events)
 	a.app.add(r.Events...)
 	for _, w := range r.Writes {
+		if w.Kind == failover.WriteBump || w.Kind == failover.WriteLiveness {
+			v, err := a.deps.Trust.SignLiveness(w.Live)
+			if err != nil {
+				a.log.Error("epoch raise not signed, not written", "key", w.Key, "err", err)
+				continue
+			}
+			go a.raise(w, v)
+			continue
+		}
 		if a.deps.Trust != nil && w.Key == failover.LeaderKey(a.cfg.Rules.Pair) {
 			v, err := a.deps.Trust.Sign(a.cfg.Rules.Pair, a.cfg.Site, w.Leader)
 			if err != nil {
@@ -503,6 +535,7 @@ func (a *memberActor) write(w failover.Write) {
 	defer cancel()
 	var rev uint64
 	var err error
+	began := time.Now()
 	switch {
 	case w.Put:
 		rev, err = a.deps.KV.Put(ctx, w.Key, w.Value)
@@ -514,15 +547,11 @@ func (a *memberActor) write(w failover.Write) {
 	if a.ctx.Err() != nil {
 		return
 	}
+	a.deps.health.observeWrite(time.Since(began), a.cfg.Rules.HeartbeatTimeout)
 	res := failover.WriteResult{Op: w.Op, Err: failover.WriteErrOf(err), Revision: rev}
 	switch res.Err {
 	case failover.WriteOK:
-		a.mu.Lock()
-		if len(a.acked) == cap(a.acked) && len(a.acked) > 0 {
-			a.acked = append(a.acked[:0], a.acked[1:]...) // full: the newest matter too
-		}
-		a.acked = append(a.acked, ackedWrite{rev, time.Now()})
-		a.mu.Unlock()
+		a.ackedWrite(rev)
 	case failover.WriteConflict:
 		if w.Key == failover.LeaderKey(a.cfg.Rules.Pair) {
 			// Tell the member who holds the register, so it can tell its own
@@ -542,6 +571,58 @@ func (a *memberActor) write(w failover.Write) {
 		res.Cause = err.Error()
 	}
 	a.engine.Send(a.pid, memberInput{res})
+}
+
+// ackedWrite records a write NATS acknowledged, which the watch must
+// deliver within a heartbeat (lag detection): the node's watch's, or the
+// member's own.
+func (a *memberActor) ackedWrite(rev uint64) {
+	if a.deps.watch != nil {
+		a.deps.watch.acked(rev)
+		return
+	}
+	a.mu.Lock()
+	if len(a.acked) == cap(a.acked) && len(a.acked) > 0 {
+		a.acked = append(a.acked[:0], a.acked[1:]...) // full: the newest matter too
+	}
+	a.acked = append(a.acked, ackedWrite{rev, time.Now()})
+	a.mu.Unlock()
+}
+
+// raise performs a raise of another node's epoch (failover.WriteBump)
+// through the node's raiseDeduper, within the member's deadline, and
+// answers it.
+func (a *memberActor) raise(w failover.Write, value []byte) {
+	timeout := w.Deadline - a.now()
+	if timeout <= 0 || a.deps.raises == nil {
+		return // counted as failed at its deadline
+	}
+	ctx, cancel := context.WithTimeout(a.ctx, timeout)
+	defer cancel()
+	res, ok := a.deps.raises.raise(ctx, w, value, time.Now().Add(timeout))
+	if !ok || a.ctx.Err() != nil {
+		return
+	}
+	if res.Err == failover.WriteOK {
+		a.ackedWrite(res.Revision)
+	}
+	a.engine.Send(a.pid, memberInput{res})
+}
+
+// send hands the member an input (the node's watch and liveness actor do).
+func (a *memberActor) send(in failover.Input) { a.engine.Send(a.pid, memberInput{in}) }
+
+// markSynced tells the member its keys' initial values were delivered:
+// Synced the first time, Resynced after.
+func (a *memberActor) markSynced() {
+	a.feedMu.Lock()
+	defer a.feedMu.Unlock()
+	if a.watched {
+		a.engine.Send(a.pid, memberInput{failover.Resynced{}})
+	} else {
+		a.engine.Send(a.pid, memberInput{failover.Synced{}})
+	}
+	a.watched = true
 }
 
 // watch feeds the pair's keys to the member, re-watching after failures.
@@ -592,14 +673,7 @@ func (a *memberActor) follow(w events.Watcher, session uint64) {
 				return
 			}
 			if e.Revision == 0 {
-				a.feedMu.Lock()
-				if a.watched {
-					a.engine.Send(a.pid, memberInput{failover.Resynced{}})
-				} else {
-					a.engine.Send(a.pid, memberInput{failover.Synced{}})
-				}
-				a.watched = true
-				a.feedMu.Unlock()
+				a.markSynced()
 				if a.bridging.CompareAndSwap(true, false) {
 					a.log.Info("kv watch delivers again; direct reads of the pair's keys stop")
 				}
@@ -873,6 +947,33 @@ func (a *memberActor) corruptLeader(ctx context.Context, e events.Entry, derr er
 	}
 	le, _ := failover.LeaderEntryOf(e, highest)
 	return le
+}
+
+// publishRulesOnce is publishRules on a node's watch (leadership: node):
+// once the watch has synced, only when the value in the bucket is not the
+// one it would write, and a few members at a time (publishRules), so that
+// a node restarting with thousands of pairs does not write thousands of
+// keys at once.
+func (a *memberActor) publishRulesOnce() {
+	w := a.deps.watch
+	if !w.waitSynced(a.ctx) {
+		return
+	}
+	want := failover.EncodeRules(a.cfg.Rules)
+	if a.deps.Trust == nil {
+		if _, ok := w.cached(failover.ConfigKey(a.cfg.Rules.Pair)); ok {
+			return // kept: an operator's or an earlier member's
+		}
+	} else if e, ok := w.cached(failover.RulesKey(a.cfg.Rules.Pair, a.cfg.Site)); ok && e.Op == events.OpPut && bytes.Equal(e.Value, want) {
+		return
+	}
+	select {
+	case a.deps.publish <- struct{}{}:
+	case <-a.ctx.Done():
+		return
+	}
+	defer func() { <-a.deps.publish }()
+	a.publishRules()
 }
 
 // publishRules makes the pair file's rules visible to operators (status,

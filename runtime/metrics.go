@@ -1,6 +1,8 @@
 package runtime
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -66,19 +68,30 @@ func (m *metrics) observeProvision(p Provisioned, failed *ProvisionError) {
 }
 
 // MemberMetrics are the failover members' gauges and counters, by pair and
-// site. One value serves every member of a node.
+// site, and their node's store health (write latency, degraded). One value
+// serves every member of a node.
 type MemberMetrics struct {
-	serving  *prometheus.GaugeVec
-	term     *prometheus.GaugeVec
-	phase    *prometheus.GaugeVec
-	failures *prometheus.GaugeVec
-	events   *prometheus.CounterVec
-	stops    *prometheus.CounterVec
+	writeLatency prometheus.Gauge
+	degraded     prometheus.Gauge
+	serving      *prometheus.GaugeVec
+	term         *prometheus.GaugeVec
+	phase        *prometheus.GaugeVec
+	failures     *prometheus.GaugeVec
+	events       *prometheus.CounterVec
+	stops        *prometheus.CounterVec
 }
 
 // NewMemberMetrics registers the member metrics in reg.
 func NewMemberMetrics(reg prometheus.Registerer) *MemberMetrics {
 	m := &MemberMetrics{
+		writeLatency: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "understudy_store_write_latency_seconds",
+			Help: "The worst recent answer time of the node's heartbeat writes (its liveness record's with leadership: node, its members' own otherwise).",
+		}),
+		degraded: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "understudy_node_degraded",
+			Help: "1 while the node's heartbeat writes take more than half of heartbeat_timeout: the store is overloaded, members are at risk of fencing; else 0.",
+		}),
 		serving: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "understudy_member_serving",
 			Help: "1 while the member serves (leads, unfenced), else 0.",
@@ -104,8 +117,22 @@ func NewMemberMetrics(reg prometheus.Registerer) *MemberMetrics {
 			Help: "Times the member stopped for good while its node ran on (the node restarts it, fenced).",
 		}, []string{"pair", "site"}),
 	}
-	reg.MustRegister(m.serving, m.term, m.phase, m.failures, m.events, m.stops)
+	reg.MustRegister(m.writeLatency, m.degraded, m.serving, m.term, m.phase, m.failures, m.events, m.stops)
 	return m
+}
+
+// storeHealth records the node's store write latency and whether it is
+// degraded.
+func (m *MemberMetrics) storeHealth(worst time.Duration, degraded bool) {
+	if m == nil {
+		return
+	}
+	m.writeLatency.Set(worst.Seconds())
+	d := 0.0
+	if degraded {
+		d = 1
+	}
+	m.degraded.Set(d)
 }
 
 func (m *MemberMetrics) observe(pair, site string, mem *failover.Member, evs []events.Event) {

@@ -16,7 +16,10 @@ import (
 // privilege that lets it do its job (docs/security.md lists them):
 //
 //   - a node writes the register and its sites' heartbeats and published
-//     rules (<pair>.rules.<site>, never the rules in force) of the pairs it hosts, their events, its agent's
+//     rules (<pair>.rules.<site>, never the rules in force) of the pairs it
+//     hosts, its own liveness record (_live.<node>) and its probe key, the
+//     liveness records of the nodes it shares a pair with (an epoch raise
+//     takes a dead node's pairs over), their events, its agent's
 //     actual-state, presence and events; it creates (not changes) and
 //     reads the assets, and answers its agent's device commands;
 //   - an operator writes the rules, switchover, pause and failover
@@ -43,7 +46,7 @@ func Permissions(sec *SecuritySection, names AssetsConfig) []*server.NkeyUser {
 	a := newPermAssets(names)
 	var users []*server.NkeyUser
 	for _, node := range slices.Sorted(mapKeys(sec.Nodes)) {
-		users = append(users, &server.NkeyUser{Nkey: sec.Nodes[node].NKey, Permissions: a.node(node, sec.Nodes[node])})
+		users = append(users, &server.NkeyUser{Nkey: sec.Nodes[node].NKey, Permissions: a.node(node, sec)})
 	}
 	for _, k := range sec.Operators {
 		users = append(users, &server.NkeyUser{Nkey: k, Permissions: a.operator(k)})
@@ -175,8 +178,29 @@ func (a permAssets) admin(key string) *server.Permissions {
 // answer it.
 const commandReplyWindow = time.Minute
 
-func (a permAssets) node(name string, id NodeIdentity) *server.Permissions {
+// sharesPair reports whether nodes x and y host members of a common pair.
+func sharesPair(x, y NodeIdentity) bool {
+	for _, p := range x.Pairs {
+		if slices.Contains(y.Pairs, p) {
+			return true
+		}
+	}
+	return false
+}
+
+func (a permAssets) node(name string, sec *SecuritySection) *server.Permissions {
+	id := sec.Nodes[name]
 	pub := a.readSet()
+	// Leadership: node. Its own liveness record and probe key; the records
+	// of the nodes it shares a pair with, whose epoch it raises to take
+	// their pairs over (a raise is signed: another node's beats it is
+	// not, nor a raise by a third node).
+	pub = append(pub, a.failover+failover.LivenessKey(name), a.failover+probeKey(name))
+	for _, other := range slices.Sorted(mapKeys(sec.Nodes)) {
+		if other != name && sharesPair(id, sec.Nodes[other]) {
+			pub = append(pub, a.failover+failover.LivenessKey(other))
+		}
+	}
 	// Provisioning creates the assets (ProvisionCreateOnly: an update may
 	// shorten a stream's history to nothing, so it is an admin's), and
 	// the preferred leader's keeper moves their leaders.

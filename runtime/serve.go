@@ -207,7 +207,8 @@ func (n *node) run(ctx context.Context) error {
 		if terr != nil {
 			return terr
 		}
-		host, err = StartHost(ctx, js, s.eventsStream, s.failoverBucket, s.members, HostOptions{Logger: n.log, Metrics: n.metrics.members, LibvirtDriver: s.libvirtDriver, Trust: trust})
+		host, err = StartHost(ctx, js, s.eventsStream, s.failoverBucket, s.members, HostOptions{Logger: n.log, Metrics: n.metrics.members, LibvirtDriver: s.libvirtDriver, Trust: trust,
+			Node: s.node, Leadership: s.leadership})
 		if err != nil {
 			return fmt.Errorf("runtime: members: %w", err)
 		}
@@ -231,7 +232,7 @@ func (n *node) run(ctx context.Context) error {
 	}
 	n.log.Info("ready", "client_url", clientURL, "http", n.httpAddr, "nats", mode, "replicas", s.replicas,
 		"failover_bucket", s.failoverBucket, "fleet_bucket", s.fleetBucket, "events_stream", s.eventsStream,
-		"members", len(s.members), "role", role, "secured", s.security != nil)
+		"members", len(s.members), "role", role, "secured", s.security != nil, "leadership", s.leadership.String())
 
 	<-ctx.Done()
 	n.log.Info("shutting down", "cause", context.Cause(ctx))
@@ -335,20 +336,30 @@ func (n *node) routes() http.Handler {
 
 // Health is the body of /healthz.
 type Health struct {
-	Status        string `json:"status"` // "ok" or "unavailable"
+	// Status is "ok", "degraded" (the node works, but its store answers
+	// heartbeat writes slowly: overload, not failure; still 200) or
+	// "unavailable" (503).
+	Status        string `json:"status"`
 	NATSConnected bool   `json:"nats_connected"`
 	JetStream     bool   `json:"jetstream"` // JetStream answered just now
 	Provisioned   bool   `json:"provisioned"`
 	// Members are the node's failover members; one that stopped makes the
 	// node unavailable until it runs again.
 	Members []MemberState `json:"members,omitempty"`
-	// Reasons say why the status is not ok, one line each.
+	// Reasons say why the status is unavailable, one line each.
 	Reasons []string `json:"reasons,omitempty"`
+	// Degraded says why the node is degraded, one line each.
+	Degraded []string `json:"degraded,omitempty"`
+	// StoreWriteLatency is the worst recent answer time of the node's
+	// heartbeat writes, in seconds (0: no member writes yet).
+	StoreWriteLatency float64 `json:"store_write_latency_seconds,omitempty"`
 }
 
 // healthz answers 200 when NATS is connected, JetStream answers, the
 // assets are provisioned and every failover member runs, else 503 with the
-// reasons; the body is a Health either way.
+// reasons; the body is a Health either way. A node whose store answers its
+// heartbeat writes slowly is degraded, still 200: it works, and says so
+// before any member fences.
 func (n *node) healthz(w http.ResponseWriter, r *http.Request) {
 	h := Health{Status: "unavailable", Provisioned: n.provisioned.Load()}
 	if nc := n.nc.Load(); nc != nil && nc.IsConnected() {
@@ -383,9 +394,18 @@ func (n *node) healthz(w http.ResponseWriter, r *http.Request) {
 					m.Pair, m.Site, m.Since.UTC().Format(time.RFC3339), m.Reason, m.RestartAt.UTC().Format(time.RFC3339)))
 			}
 		}
+		sh := host.StoreHealth()
+		h.StoreWriteLatency = sh.Worst.Seconds()
+		if sh.Degraded {
+			h.Degraded = append(h.Degraded, fmt.Sprintf("store: heartbeat writes take up to %v, more than half of heartbeat_timeout %v, since %s: overloaded, members fence if writes keep missing heartbeat_timeout",
+				sh.Worst.Round(time.Millisecond), sh.HeartbeatTimeout, sh.Since.UTC().Format(time.RFC3339)))
+		}
 	}
 	code := http.StatusServiceUnavailable
-	if len(h.Reasons) == 0 {
+	switch {
+	case len(h.Reasons) == 0 && len(h.Degraded) > 0:
+		h.Status, code = "degraded", http.StatusOK
+	case len(h.Reasons) == 0:
 		h.Status, code = "ok", http.StatusOK
 	}
 	w.Header().Set("Content-Type", "application/json")

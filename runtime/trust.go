@@ -33,6 +33,8 @@ type ValueTrust struct {
 	kp    nkeys.KeyPair // this node's seed
 	// bySite: the public keys of the nodes that run each site.
 	bySite map[string][]nkeys.KeyPair
+	// byNode: each node's public key (liveness values name nodes).
+	byNode map[string]nkeys.KeyPair
 }
 
 // NewValueTrust builds the trust of node from the security section and the
@@ -57,7 +59,7 @@ func NewValueTrust(sec *SecuritySection, node, seedFile string) (*ValueTrust, er
 		kp.Wipe()
 		return nil, fmt.Errorf("runtime: register signing: the seed in %s is not security.nodes.%s.nkey (%s)", seedFile, node, id.NKey)
 	}
-	t := &ValueTrust{node: node, sites: nodeSites(node, id), kp: kp, bySite: map[string][]nkeys.KeyPair{}}
+	t := &ValueTrust{node: node, sites: nodeSites(node, id), kp: kp, bySite: map[string][]nkeys.KeyPair{}, byNode: map[string]nkeys.KeyPair{}}
 	names := make([]string, 0, len(sec.Nodes))
 	for n := range sec.Nodes {
 		names = append(names, n)
@@ -72,6 +74,7 @@ func NewValueTrust(sec *SecuritySection, node, seedFile string) (*ValueTrust, er
 		for _, s := range nodeSites(n, nid) {
 			t.bySite[s] = append(t.bySite[s], pk)
 		}
+		t.byNode[n] = pk
 	}
 	return t, nil
 }
@@ -209,4 +212,70 @@ func unsigned(raw []byte) (msg, sig []byte, err error) {
 		b.Write(raw[k[0]:k[1]])
 	}
 	return b.Bytes(), sig, nil
+}
+
+// livenessDomain starts every signed liveness value: a register value's
+// signature (registerDomain) is never a liveness value's, nor the reverse.
+const livenessDomain = "understudy.liveness/v1\x00"
+
+// livenessMessage is what a liveness value's signature covers: the
+// domain, the node whose record it is (the key's) and the value without
+// its signature, so that a value of one node's record cannot be replayed
+// into another's.
+func livenessMessage(node string, value []byte) []byte {
+	msg := make([]byte, 0, len(livenessDomain)+len(node)+1+len(value))
+	msg = append(msg, livenessDomain...)
+	msg = append(msg, node...)
+	msg = append(msg, 0)
+	return append(msg, value...)
+}
+
+// SignLiveness returns the wire form of l, a liveness value this node
+// writes (its own beat, or a raise of another node's epoch): Sig set to
+// the signature of this node's key. l.By must be this node. A nil trust
+// returns EncodeLiveness(l) unchanged.
+func (t *ValueTrust) SignLiveness(l failover.Liveness) ([]byte, error) {
+	if t == nil {
+		return failover.EncodeLiveness(l), nil
+	}
+	if l.By != t.node {
+		return nil, fmt.Errorf("runtime: liveness signing: node %s does not sign a value written by %q", t.node, l.By)
+	}
+	l.Sig = nil
+	sig, err := t.kp.Sign(livenessMessage(l.Node, failover.EncodeLiveness(l)))
+	if err != nil {
+		return nil, fmt.Errorf("runtime: liveness signing: %w", err)
+	}
+	l.Sig = sig
+	return failover.EncodeLiveness(l), nil
+}
+
+// VerifyLiveness reports why raw, the stored value of node's liveness
+// record that decodes as l, is not genuine (nil when it is): it is another
+// node's value, names no writer, carries no signature, or its signature
+// does not verify against the key of the node named in By. A nil trust
+// takes every value as genuine.
+func (t *ValueTrust) VerifyLiveness(node string, raw []byte, l failover.Liveness) error {
+	if t == nil {
+		return nil
+	}
+	msg, sig, err := unsigned(raw)
+	switch {
+	case err != nil:
+		return err
+	case l.Node != node:
+		return fmt.Errorf("it is node %s's value, in node %s's record", l.Node, node)
+	case l.By == "":
+		return errors.New("it names no writer (by)")
+	case len(sig) == 0:
+		return fmt.Errorf("it is not signed (it says %s wrote it)", l.By)
+	}
+	k, ok := t.byNode[l.By]
+	if !ok {
+		return fmt.Errorf("it says %s wrote it, which is no node of security.nodes", l.By)
+	}
+	if k.Verify(livenessMessage(node, msg), sig) != nil {
+		return fmt.Errorf("its signature does not verify against the key of node %s", l.By)
+	}
+	return nil
 }

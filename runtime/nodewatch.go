@@ -1,0 +1,428 @@
+package runtime
+
+import (
+	"cmp"
+	"context"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"understudy/actors/failover"
+	"understudy/events"
+)
+
+// nodeWatch is a node's one watch of the failover bucket (leadership:
+// node), instead of one per member: it hands each entry of a pair's keys
+// to the members of that pair hosted here, and every node's liveness
+// record to every member and (its own node's) to the node's liveness
+// actor. It keeps what a member's own watch guaranteed: each key's
+// revisions once and in order per member (memberActor.feed), Synced then
+// Resynced after a fresh watch, a fresh watch when an acknowledged write of
+// the node is not delivered within a heartbeat, and direct reads of the
+// liveness records meanwhile. It keeps the latest entry of every key, so
+// that a member that starts (or restarts) while it runs gets its pair's
+// keys at once, without a watch of its own.
+type nodeWatch struct {
+	kv       events.KV
+	trust    *ValueTrust
+	node     string
+	lagLimit time.Duration // the node's heartbeat_timeout
+	log      *slog.Logger
+	ctx      context.Context
+	cancel   context.CancelFunc
+
+	// mu is held while an entry is handed over, so that a member that
+	// subscribes gets the cache and then what follows, nothing twice.
+	mu       sync.Mutex
+	byPair   map[string]map[string]*memberActor // pair -> actor id -> member
+	members  map[string]*memberActor            // actor id -> member
+	liveness func(failover.Input)               // the liveness actor's inbox; nil while it does not run
+	cache    map[string]map[string]events.Entry // pair -> key -> latest entry
+	live     map[string]failover.LivenessEntry  // node -> latest record handed over
+	synced   bool                               // a watch delivered its initial values
+	session  uint64
+	forged   map[string]uint64 // node -> latest revision logged as not genuine
+	syncedCh chan struct{}     // closed at the first Synced
+
+	delivered atomic.Uint64 // the latest revision the watch delivered
+	ackMu     sync.Mutex
+	ackedList []ackedWrite // the node's writes acknowledged and not yet seen delivered (bounded)
+	bridging  atomic.Bool
+	done      chan struct{} // closed when run and bridge have returned
+}
+
+// maxAcked bounds the acknowledged writes a nodeWatch remembers: the
+// oldest one matters for lag, the newest ones too.
+const maxAcked = 256
+
+func newNodeWatch(kv events.KV, trust *ValueTrust, node string, heartbeat time.Duration, log *slog.Logger) *nodeWatch {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &nodeWatch{kv: kv, trust: trust, node: node, lagLimit: heartbeat, log: log.With("component", "node-watch"),
+		ctx: ctx, cancel: cancel,
+		byPair: map[string]map[string]*memberActor{}, members: map[string]*memberActor{},
+		cache: map[string]map[string]events.Entry{}, live: map[string]failover.LivenessEntry{},
+		forged: map[string]uint64{}, syncedCh: make(chan struct{}), done: make(chan struct{})}
+}
+
+// start begins watching.
+func (w *nodeWatch) start() {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); w.run() }()
+	go func() { defer wg.Done(); w.bridge() }()
+	go func() { wg.Wait(); close(w.done) }()
+}
+
+// stop ends the watch and waits for it.
+func (w *nodeWatch) stop() {
+	w.cancel()
+	<-w.done
+}
+
+// run watches the bucket, afresh after each failure or lag.
+func (w *nodeWatch) run() {
+	backoff := 100 * time.Millisecond
+	for w.ctx.Err() == nil {
+		watcher, err := w.kv.Watch(w.ctx, ">", events.WatchOptions{})
+		w.mu.Lock()
+		w.session++
+		session := w.session
+		w.mu.Unlock()
+		if err != nil {
+			if w.ctx.Err() != nil {
+				return
+			}
+			w.log.Warn("kv watch of the node failed; watching again", "err", err, "after", backoff)
+			select {
+			case <-time.After(backoff):
+			case <-w.ctx.Done():
+				return
+			}
+			backoff = min(backoff*2, 5*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		w.follow(watcher, session)
+		_ = watcher.Stop()
+	}
+}
+
+// follow hands one watch's entries over until it ends or lags (see
+// memberActor.follow: the same rule, for every write of the node).
+func (w *nodeWatch) follow(watcher events.Watcher, session uint64) {
+	check := time.NewTicker(w.lagLimit / 2)
+	defer check.Stop()
+	for {
+		select {
+		case e, ok := <-watcher.Updates():
+			if !ok {
+				return
+			}
+			if e.Revision == 0 {
+				w.markSynced()
+				if w.bridging.CompareAndSwap(true, false) {
+					w.log.Info("kv watch of the node delivers again; direct reads of the liveness records stop")
+				}
+				continue
+			}
+			if e.Revision > w.delivered.Load() {
+				w.delivered.Store(e.Revision)
+			}
+			w.route(e, session)
+		case <-check.C:
+			if a, lagging := w.oldestUndelivered(); lagging {
+				w.log.Warn("kv watch of the node lags behind acknowledged writes; watching afresh, and reading the liveness records directly meanwhile",
+					"acked_revision", a.rev, "delivered_revision", w.delivered.Load(), "acked_ago", time.Since(a.at))
+				w.bridging.Store(true)
+				return
+			}
+		case <-w.ctx.Done():
+			return
+		}
+	}
+}
+
+// markSynced tells every member and the liveness actor that the watch
+// delivered its initial values (Synced the first time, Resynced after).
+func (w *nodeWatch) markSynced() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, a := range w.members {
+		a.markSynced()
+	}
+	if w.liveness != nil {
+		if w.synced {
+			w.liveness(failover.Resynced{})
+		} else {
+			w.liveness(failover.Synced{})
+		}
+	}
+	if !w.synced {
+		w.synced = true
+		close(w.syncedCh)
+	}
+}
+
+// route hands entry e over: a liveness record to everyone, a pair's key
+// to that pair's members. session is the watch's (0: a direct read).
+func (w *nodeWatch) route(e events.Entry, session uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if node := failover.LivenessNode(e.Key); node != "" {
+		w.routeLive(node, e)
+		return
+	}
+	pair, _, ok := strings.Cut(e.Key, ".")
+	if !ok || pair == failover.LivenessPrefix {
+		return // not a pair's key (a probe of the store, say)
+	}
+	keys := w.cache[pair]
+	if keys == nil {
+		keys = map[string]events.Entry{}
+		w.cache[pair] = keys
+	}
+	if old, ok := keys[e.Key]; ok && old.Revision >= e.Revision {
+		return
+	}
+	keys[e.Key] = e
+	for _, a := range w.byPair[pair] {
+		a.feed(e, session)
+	}
+}
+
+// routeLive hands a revision of node's liveness record to every member,
+// and to the liveness actor when it is this node's. w.mu is held.
+func (w *nodeWatch) routeLive(node string, e events.Entry) {
+	if last, ok := w.live[node]; ok && e.Revision <= last.Rev {
+		return
+	}
+	le, why := livenessEntryOf(node, e, w.trust)
+	if why != nil && e.Revision > w.forged[node] {
+		w.forged[node] = e.Revision
+		w.log.Warn("liveness value not genuine: no member takes it for a beat or a raise", "node", node, "revision", e.Revision,
+			"value", le.Value.String(), "by", le.Value.By, "why", why)
+	}
+	w.live[node] = le
+	in := failover.LivenessObserved{Node: node, Entry: le}
+	for _, a := range w.members {
+		a.send(in)
+	}
+	if node == w.node && w.liveness != nil {
+		w.toLiveness(le)
+	}
+}
+
+// toLiveness hands the node's own record to its liveness actor. A value
+// the node did not write (forged, deleted) comes after the latest genuine
+// one of the key's history: the writer carries on that one's epoch (never
+// going back to an earlier one) and expects the other's revision. w.mu is
+// held.
+func (w *nodeWatch) toLiveness(le failover.LivenessEntry) {
+	if le.Forged {
+		if g, ok := w.genuineLiveBefore(le.Rev); ok {
+			w.liveness(failover.LivenessObserved{Node: w.node, Entry: g})
+		}
+	}
+	w.liveness(failover.LivenessObserved{Node: w.node, Entry: le})
+}
+
+// genuineLiveBefore reads the latest genuine value of the node's own
+// record below rev from its history (false: none, or not readable).
+func (w *nodeWatch) genuineLiveBefore(rev uint64) (failover.LivenessEntry, bool) {
+	ctx, cancel := context.WithTimeout(w.ctx, 2*time.Second)
+	defer cancel()
+	hist, err := w.kv.History(ctx, failover.LivenessKey(w.node))
+	if err != nil {
+		return failover.LivenessEntry{}, false
+	}
+	for i := len(hist) - 1; i >= 0; i-- {
+		if hist[i].Revision >= rev {
+			continue
+		}
+		if le, why := livenessEntryOf(w.node, hist[i], w.trust); why == nil {
+			return le, true
+		}
+	}
+	return failover.LivenessEntry{}, false
+}
+
+// subscribe makes a (its pair's keys, every liveness record) one of the
+// members the watch feeds: at once what the watch delivered so far, and
+// Synced when it has synced. A member actor restarted under the same
+// actor id replaces its predecessor.
+func (w *nodeWatch) subscribe(a *memberActor) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	id, pair := a.pid.String(), a.cfg.Rules.Pair
+	w.members[id] = a
+	if w.byPair[pair] == nil {
+		w.byPair[pair] = map[string]*memberActor{}
+	}
+	w.byPair[pair][id] = a
+	es := make([]events.Entry, 0, len(w.cache[pair]))
+	for _, e := range w.cache[pair] {
+		es = append(es, e)
+	}
+	slices.SortFunc(es, func(x, y events.Entry) int { return cmp.Compare(x.Revision, y.Revision) })
+	for _, e := range es {
+		a.feed(e, 0) // not contiguous with what the watch delivered before
+	}
+	for node, le := range w.live {
+		a.send(failover.LivenessObserved{Node: node, Entry: le})
+	}
+	if w.synced {
+		a.markSynced()
+	}
+}
+
+// unsubscribe stops feeding a (a no-op when a successor took its place).
+func (w *nodeWatch) unsubscribe(a *memberActor) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	id, pair := a.pid.String(), a.cfg.Rules.Pair
+	if w.members[id] != a {
+		return
+	}
+	delete(w.members, id)
+	delete(w.byPair[pair], id)
+	if len(w.byPair[pair]) == 0 {
+		delete(w.byPair, pair)
+	}
+}
+
+// setLiveness connects the node's liveness actor (nil: disconnects it):
+// it gets its own record as the watch shows it, then Synced.
+func (w *nodeWatch) setLiveness(fn func(failover.Input)) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.liveness = fn
+	if fn == nil {
+		return
+	}
+	if le, ok := w.live[w.node]; ok {
+		w.toLiveness(le)
+	}
+	if w.synced {
+		fn(failover.Synced{})
+	}
+}
+
+// broadcast hands in (the node's liveness results) to every member.
+func (w *nodeWatch) broadcast(in failover.Input) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, a := range w.members {
+		a.send(in)
+	}
+}
+
+// cached returns the latest entry of key the watch delivered.
+func (w *nodeWatch) cached(key string) (events.Entry, bool) {
+	pair, _, _ := strings.Cut(key, ".")
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	e, ok := w.cache[pair][key]
+	return e, ok
+}
+
+// waitSynced waits until the watch first synced or ctx ends.
+func (w *nodeWatch) waitSynced(ctx context.Context) bool {
+	select {
+	case <-w.syncedCh:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-w.ctx.Done():
+		return false
+	}
+}
+
+// acked records a write of the node that NATS acknowledged: the watch must
+// deliver it within a heartbeat.
+func (w *nodeWatch) acked(rev uint64) {
+	if rev <= w.delivered.Load() {
+		return
+	}
+	w.ackMu.Lock()
+	defer w.ackMu.Unlock()
+	if len(w.ackedList) == maxAcked {
+		w.ackedList = append(w.ackedList[:0], w.ackedList[1:]...)
+	}
+	w.ackedList = append(w.ackedList, ackedWrite{rev, time.Now()})
+}
+
+// oldestUndelivered is memberActor.oldestUndelivered for the node's writes.
+func (w *nodeWatch) oldestUndelivered() (ackedWrite, bool) {
+	delivered := w.delivered.Load()
+	w.ackMu.Lock()
+	defer w.ackMu.Unlock()
+	w.ackedList = slices.DeleteFunc(w.ackedList, func(a ackedWrite) bool { return a.rev <= delivered })
+	if len(w.ackedList) == 0 || time.Since(w.ackedList[0].at) <= w.lagLimit {
+		return ackedWrite{}, false
+	}
+	a := w.ackedList[0]
+	w.ackedList = w.ackedList[:0]
+	return a, true
+}
+
+// bridge reads every known liveness record directly every quarter
+// heartbeat while the watch lags, until a fresh watch delivers (see
+// memberActor.bridge): with node liveness, the records are what staleness
+// is judged on. The registers are not read: they change only with
+// leadership, and the fresh watch delivers them. Every round tells the
+// members (Resynced) that beats skipped meanwhile were skipped by the
+// reading, not by a stall of the store.
+func (w *nodeWatch) bridge() {
+	every := w.lagLimit / 4
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !w.bridging.Load() {
+			continue
+		}
+		w.mu.Lock()
+		if w.synced {
+			for _, a := range w.members {
+				a.markSynced()
+			}
+			if w.liveness != nil {
+				w.liveness(failover.Resynced{})
+			}
+		}
+		nodes := make([]string, 0, len(w.live)+1)
+		for n := range w.live {
+			nodes = append(nodes, n)
+		}
+		w.mu.Unlock()
+		if !slices.Contains(nodes, w.node) {
+			nodes = append(nodes, w.node)
+		}
+		got := make([]events.Entry, len(nodes))
+		var wg sync.WaitGroup
+		for i, n := range nodes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(w.ctx, every)
+				defer cancel()
+				if e, err := w.kv.Get(ctx, failover.LivenessKey(n)); err == nil {
+					got[i] = e
+				}
+			}()
+		}
+		wg.Wait()
+		for _, e := range got {
+			if e.Revision != 0 {
+				w.route(e, 0)
+			}
+		}
+	}
+}
