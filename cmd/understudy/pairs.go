@@ -356,17 +356,47 @@ type PairStatus struct {
 	// Corrupt says why the register's value does not decode; the members
 	// treat such a register as held by nobody and replace it (Term is then
 	// the highest term of its history).
-	Corrupt    string                `json:"corrupt,omitempty"`
-	LeaderAge  float64               `json:"leader_write_age_s"`
+	Corrupt   string  `json:"corrupt,omitempty"`
+	LeaderAge float64 `json:"leader_write_age_s"`
+	// Lease (leadership: node): the holder's node and epoch as the
+	// register names them, and that node's liveness now.
+	Lease      *LeaseStatus          `json:"lease,omitempty"`
 	Heartbeats map[string]SiteStatus `json:"heartbeats"`
 	Rules      *RulesStatus          `json:"rules,omitempty"`
 	Pause      *PauseStatus          `json:"pause,omitempty"` // operator.go
 	ServerTime time.Time             `json:"server_time"`
 }
 
+// LeaseStatus is a register holder's lease with leadership: node: the
+// node and epoch the register names, and that node's liveness record.
+type LeaseStatus struct {
+	Node  string `json:"node"`
+	Epoch uint64 `json:"epoch"`
+	// Live is the node's liveness record (nil: it has none, or it cannot
+	// be read); Current says whether the lease holds: the record is in the
+	// lease's epoch, written by the node itself.
+	Live    *NodeLiveStatus `json:"liveness,omitempty"`
+	Current bool            `json:"current"`
+}
+
+// NodeLiveStatus is a node's liveness record (_live.<node>).
+type NodeLiveStatus struct {
+	Node  string `json:"node"`
+	Epoch uint64 `json:"epoch"`
+	Beat  uint64 `json:"beat"`
+	// By is who wrote the latest value: the node itself (a beat), or
+	// another node that raised its epoch to take its pairs over.
+	By  string  `json:"by"`
+	Age float64 `json:"age_s"` // of the latest write, by the server's clock
+	Rev uint64  `json:"rev"`
+	// Error says why the record does not decode.
+	Error string `json:"error,omitempty"`
+}
+
 // SiteStatus is a member's own heartbeat. The holder of the register
 // beats through the register instead: its entry then has Source
-// "register" and the register write's age.
+// "register" and the register write's age; with leadership: node it
+// beats through its node's liveness record (Source "liveness").
 type SiteStatus struct {
 	Phase  string  `json:"phase"`
 	Ready  bool    `json:"ready"`
@@ -376,6 +406,11 @@ type SiteStatus struct {
 	// applies (0: its pair file's); RejectedRev the latest it refused.
 	RulesRev    uint64 `json:"rules_rev"`
 	RejectedRev uint64 `json:"rejected_rev,omitempty"`
+	// Node (leadership: node) is the member's node, whose liveness record
+	// repeats this heartbeat (which is written only when it changes);
+	// NodeAge the age of that record's latest write.
+	Node    string   `json:"node,omitempty"`
+	NodeAge *float64 `json:"node_beat_age_s,omitempty"`
 	// DB is the member's database as its latest check found it (nil: the
 	// workload reports no positions).
 	DB *DBStatus `json:"db,omitempty"`
@@ -438,8 +473,9 @@ func newStatusCmd(stdout io.Writer) *cobra.Command {
 				return err
 			}
 			var out []PairStatus
+			lives := map[string]*NodeLiveStatus{} // each node's record read once
 			for _, p := range pairs {
-				st, err := pairStatus(ctx, kv, p, now)
+				st, err := pairStatusWith(ctx, kv, p, now, lives)
 				if err != nil {
 					return err
 				}
@@ -559,6 +595,33 @@ func pairsIn(ctx context.Context, nc *nats.Conn, bucket, want string) ([]string,
 }
 
 func pairStatus(ctx context.Context, kv events.KV, pair string, now time.Time) (PairStatus, error) {
+	return pairStatusWith(ctx, kv, pair, now, map[string]*NodeLiveStatus{})
+}
+
+// nodeLive reads node's liveness record directly (a read, never a listing
+// or a watch: status answers at once whatever the bucket holds), once per
+// status run (lives keeps what was read; nil for a record that is absent).
+func nodeLive(ctx context.Context, kv events.KV, node string, now time.Time, lives map[string]*NodeLiveStatus) *NodeLiveStatus {
+	if l, ok := lives[node]; ok {
+		return l
+	}
+	var out *NodeLiveStatus
+	if e, err := kv.Get(ctx, failover.LivenessKey(node)); err == nil {
+		out = &NodeLiveStatus{Node: node, Rev: e.Revision, Age: now.Sub(e.Time).Seconds()}
+		if l, err := failover.DecodeLiveness(e.Value); err != nil {
+			out.Error = err.Error()
+		} else {
+			out.Epoch, out.Beat, out.By = l.Epoch, l.Beat, l.By
+			if out.By == "" {
+				out.By = node
+			}
+		}
+	}
+	lives[node] = out
+	return out
+}
+
+func pairStatusWith(ctx context.Context, kv events.KV, pair string, now time.Time, lives map[string]*NodeLiveStatus) (PairStatus, error) {
 	kv = retryingKV{kv}
 	st := PairStatus{Pair: pair, Heartbeats: map[string]SiteStatus{}, ServerTime: now}
 	var leaderValue failover.Leader
@@ -573,6 +636,11 @@ func pairStatus(ctx context.Context, kv events.KV, pair string, now time.Time) (
 		st.Leader, st.Term, st.Fenced, st.Handoff = l.Site, l.Term, l.Fenced, l.Handoff
 		st.LeaderAge = now.Sub(e.Time).Seconds()
 		leaderValue = l
+		if l.Node != "" && l.Site != "" {
+			ls := &LeaseStatus{Node: l.Node, Epoch: l.Epoch, Live: nodeLive(ctx, kv, l.Node, now, lives)}
+			ls.Current = ls.Live != nil && ls.Live.Error == "" && ls.Live.Epoch == l.Epoch && ls.Live.By == l.Node
+			st.Lease = ls
+		}
 	} else if !errors.Is(err, events.ErrNotFound) {
 		return st, err
 	}
@@ -619,7 +687,12 @@ func pairStatus(ctx context.Context, kv events.KV, pair string, now time.Time) (
 		}
 		if h, err := failover.DecodeHeartbeat(e.Value); err == nil {
 			ss := SiteStatus{Phase: h.Phase.String(), Ready: h.Ready, Age: now.Sub(e.Time).Seconds(),
-				Source: "heartbeat", RulesRev: h.RulesRev, RejectedRev: h.RejectedRev}
+				Source: "heartbeat", RulesRev: h.RulesRev, RejectedRev: h.RejectedRev, Node: h.Node}
+			if h.Node != "" {
+				if l := nodeLive(ctx, kv, h.Node, now, lives); l != nil {
+					ss.NodeAge = &l.Age
+				}
+			}
 			if h.Role != 0 {
 				ss.DB = &DBStatus{Role: h.Role.String(), Timeline: h.Timeline, Streaming: h.Streaming, Rejoined: h.Rejoined}
 				if h.Receive != 0 {
@@ -640,6 +713,12 @@ func pairStatus(ctx context.Context, kv events.KV, pair string, now time.Time) (
 		// heartbeat is the register.
 		h := st.Heartbeats[st.Leader]
 		h.Phase, h.Ready, h.Age, h.Source = "leader", false, st.LeaderAge, "register"
+		if ls := st.Lease; ls != nil {
+			h.Source, h.Node, h.NodeAge = "liveness", ls.Node, nil
+			if ls.Live != nil {
+				h.Age, h.NodeAge = ls.Live.Age, &ls.Live.Age
+			}
+		}
 		if st.Fenced {
 			h.Phase = "leader (fenced)"
 		}
@@ -677,6 +756,9 @@ func printStatus(w io.Writer, st PairStatus) {
 		leader += " (fenced)"
 	}
 	fmt.Fprintf(w, "pair %s\n  leader   %s, term %d, last register write %.1fs ago\n", st.Pair, leader, st.Term, st.LeaderAge)
+	if ls := st.Lease; ls != nil {
+		fmt.Fprintf(w, "  lease    node %s, epoch %d: %s\n", ls.Node, ls.Epoch, describeLease(ls))
+	}
 	printPause(w, st.Pause)
 	sites := make([]string, 0, len(st.Heartbeats))
 	for s := range st.Heartbeats {
@@ -694,9 +776,20 @@ func printStatus(w io.Writer, st PairStatus) {
 				rules = fmt.Sprintf(", applies rules rev %d (not yet %d)", h.RulesRev, r.Rev)
 			}
 		}
-		if h.Source == "register" {
+		switch {
+		case h.Source == "liveness" && h.NodeAge != nil:
+			fmt.Fprintf(w, "  %-8s %s, beats through node %s's liveness (%.1fs ago)%s\n", s, h.Phase, h.Node, *h.NodeAge, rules)
+		case h.Source == "liveness":
+			fmt.Fprintf(w, "  %-8s %s, beats through node %s's liveness (no record)%s\n", s, h.Phase, h.Node, rules)
+		case h.Source == "register":
 			fmt.Fprintf(w, "  %-8s %s, beats through the register (%.1fs ago)%s\n", s, h.Phase, h.Age, rules)
-		} else {
+		case h.Node != "":
+			node := fmt.Sprintf("node %s has no liveness record", h.Node)
+			if h.NodeAge != nil {
+				node = fmt.Sprintf("node %s beat %.1fs ago", h.Node, *h.NodeAge)
+			}
+			fmt.Fprintf(w, "  %-8s phase %s, ready %v (heartbeat written %.1fs ago, on change); %s%s\n", s, h.Phase, h.Ready, h.Age, node, rules)
+		default:
 			fmt.Fprintf(w, "  %-8s own heartbeat %.1fs ago, phase %s, ready %v%s\n", s, h.Age, h.Phase, h.Ready, rules)
 		}
 		if d := h.DB; d != nil {
@@ -710,6 +803,24 @@ func printStatus(w io.Writer, st PairStatus) {
 		fmt.Fprintf(w, "  rules    rev %d: primary %s, replica %s, heartbeat_timeout %gs, failure_threshold %d, success_threshold %d, failover_timeout %gs, fence_grace %gs, failback %s\n",
 			r.Rev, r.Primary, r.Replica, r.HeartbeatTimeout, r.FailureThreshold, r.SuccessThreshold, r.FailoverTimeout, r.FenceGrace, r.Failback)
 	}
+}
+
+// describeLease says whether a lease holds, from its node's liveness.
+func describeLease(ls *LeaseStatus) string {
+	l := ls.Live
+	switch {
+	case l == nil:
+		return fmt.Sprintf("node %s has no liveness record (not readable, or deleted)", ls.Node)
+	case l.Error != "":
+		return fmt.Sprintf("node %s's liveness record does not decode: %s", ls.Node, l.Error)
+	case ls.Current:
+		return fmt.Sprintf("current; node %s beat %.1fs ago (beat %d)", ls.Node, l.Age, l.Beat)
+	case l.Epoch > ls.Epoch && l.By != ls.Node:
+		return fmt.Sprintf("OVER: node %s's epoch was raised to %d by %s %.1fs ago (its pairs are taken over)", ls.Node, l.Epoch, l.By, l.Age)
+	case l.Epoch > ls.Epoch:
+		return fmt.Sprintf("OVER: node %s beats in epoch %d now (%.1fs ago); the holder fences", ls.Node, l.Epoch, l.Age)
+	}
+	return fmt.Sprintf("node %s's record says epoch %d, written by %s %.1fs ago", ls.Node, l.Epoch, l.By, l.Age)
 }
 
 // describeDB is the rest of a database line of status.
