@@ -7,123 +7,149 @@ import (
 	"understudy/actors/failover"
 )
 
-// faultStart applies fault i of the schedule.
-func (s *sim) faultStart(i int) {
-	f := s.faults[i]
-	s.tracef("fault", "%s begins", f)
-	scope := s.scope(f.Site)
+// faultStart applies fault i of the schedule. A fault of a site hits its
+// machine: the process, the link and the clock every member there shares.
+func (w *world) faultStart(i int) {
+	f := w.faults[i]
+	w.tracef("fault", "%s begins", f)
+	scope := w.scope(f.Site)
 	delta := 0
 	if !f.instant() {
 		delta = 1
 	}
-	if s.db != nil {
-		s.dbFault(f, 1)
+	for _, s := range w.pairs {
+		if s.db != nil {
+			s.dbFault(f, 1)
+		}
 	}
 	if f.Kind == FaultReplCut || f.Kind == FaultReplLag {
 		// A fault of the databases, not of the members or NATS: the calm
 		// periods go on (database.go).
-		s.push(item{at: f.At + f.For, kind: evFaultEnd, ref: int32(i)})
+		w.push(item{at: f.At + f.For, kind: evFaultEnd, ref: int32(i)})
 		return
 	}
 	if f.Kind == FaultForge {
 		// Nor is a forger's: a forged value must change nothing (forge.go).
-		s.forgeStart(i)
+		// It writes the first pair's keys.
+		w.pairs[0].forgeStart(i)
 		return
 	}
-	s.inv.faultEvent(s, scope, delta)
+	w.faultEvent(scope, delta)
 	switch {
 	case f.Kind == FaultIsolate:
-		s.isolate(f.Site, 1)
+		w.isolate(f.Site, 1)
 	case f.Kind == FaultLeader:
-		s.moveLeader(f.Site)
+		w.moveLeader(f.Site)
 	case f.Site == NATS:
-		s.natsDown(f.Kind == FaultPowerCut)
+		w.natsDown(f.Kind == FaultPowerCut)
 	default:
-		n := s.nodeBySite(f.Site)
+		m := w.machineBySite(f.Site) // nil for a server clock bump
 		switch f.Kind {
 		case FaultPartition, FaultStall, FaultLoss, FaultLatency:
-			s.linkFault(n, f, 1)
-			if f.For > s.rules.FailoverTimeout && n.alive && !n.m.Holding() {
+			w.linkFault(m, f, 1)
+			n0 := w.pairs[0].nodes[m.idx] // the counters follow the first pair
+			if f.For > w.base.FailoverTimeout && n0.alive && !n0.m.Holding() {
 				// A follower cut off for long: does it stay put?
-				s.aux[i] = faultAux{on: true, wins: n.wins}
+				w.aux[i] = faultAux{on: true, wins: n0.wins}
 			}
 		case FaultCrash, FaultPowerCut:
-			n.holds++
-			s.crash(n, f.Kind == FaultPowerCut)
+			m.holds++
+			w.crash(m, f.Kind == FaultPowerCut)
 		case FaultPause:
-			if s.pause(n) {
-				s.aux[i] = faultAux{on: true, pause: n.pauseID}
+			if w.pause(m) {
+				w.aux[i] = faultAux{on: true, pause: m.pauseID}
 			}
 		case FaultJump:
-			n.clk.jump(s.now, f.Value)
-			if n.alive && !n.paused {
-				if f.Value > s.rules.FailoverTimeout && !n.m.Holding() {
-					n.jumpUntil, n.jumpWins = s.now+s.rules.FailoverTimeout+2*s.rules.HeartbeatTimeout, n.wins
-				}
-				n.jumping = true
-				s.step(n, failover.Tick{})
-				n.jumping = false
-			}
+			w.jump(m, f.Value)
 		case FaultServerClock:
 		case FaultProc:
-			n.proc[f.Chain][f.Mode]++
+			m.proc[f.Chain][f.Mode]++
 		case FaultWatchLag:
-			s.cl.lag[n.idx] += f.Value
+			w.cl.lag[m.idx] += f.Value
 		case FaultSwitchover:
-			s.switchover(f.Site)
+			for _, s := range w.pairs {
+				s.switchover(f.Site)
+			}
 		}
 	}
 	if f.Kind == FaultServerClock {
-		s.server.offset += f.Value
-		s.count(cServerClockBump)
+		w.server.offset += f.Value
+		w.count(cServerClockBump)
 	}
 	if delta > 0 && f.For > 0 {
-		s.push(item{at: f.At + f.For, kind: evFaultEnd, ref: int32(i)})
+		w.push(item{at: f.At + f.For, kind: evFaultEnd, ref: int32(i)})
 	}
 }
 
+// jump moves a machine's monotonic clock forward by d: every member (and
+// the liveness writer) sees the time it missed at once.
+func (w *world) jump(m *machine, d time.Duration) {
+	m.clk.jump(w.now, d)
+	if !m.running || m.paused {
+		return
+	}
+	m.jumping = true
+	if m.live != nil {
+		w.liveStep(m, failover.Tick{})
+	}
+	for _, s := range w.pairs {
+		n := s.nodes[m.idx]
+		if !n.alive {
+			continue
+		}
+		if d > s.rules.FailoverTimeout && !n.m.Holding() {
+			n.jumpUntil, n.jumpWins = s.now+s.rules.FailoverTimeout+2*s.rules.HeartbeatTimeout, n.wins
+		}
+		s.step(n, failover.Tick{})
+	}
+	m.jumping = false
+}
+
 // faultEnd undoes fault i.
-func (s *sim) faultEnd(i int) {
-	f := s.faults[i]
-	s.tracef("fault", "%s ends", f)
-	if s.db != nil {
-		s.dbFault(f, -1)
+func (w *world) faultEnd(i int) {
+	f := w.faults[i]
+	w.tracef("fault", "%s ends", f)
+	for _, s := range w.pairs {
+		if s.db != nil {
+			s.dbFault(f, -1)
+		}
 	}
 	if f.Kind == FaultReplCut || f.Kind == FaultReplLag {
 		return
 	}
-	s.inv.faultEvent(s, s.scope(f.Site), -1)
+	w.faultEvent(w.scope(f.Site), -1)
 	if f.Kind == FaultIsolate {
-		s.isolate(f.Site, -1)
+		w.isolate(f.Site, -1)
 		return
 	}
 	if f.Site == NATS {
-		s.natsHolds--
-		if s.natsHolds == 0 {
-			s.serverUp()
+		w.natsHolds--
+		if w.natsHolds == 0 {
+			w.serverUp()
 		}
 		return
 	}
-	n := s.nodeBySite(f.Site)
+	m := w.machineBySite(f.Site)
 	switch f.Kind {
 	case FaultPartition, FaultStall, FaultLoss, FaultLatency:
-		s.linkFault(n, f, -1)
-		if a := s.aux[i]; a.on && n.alive && n.wins == a.wins && (f.Kind == FaultPartition || f.Kind == FaultStall) {
-			s.count(cReplicaCutOff)
+		w.linkFault(m, f, -1)
+		n0 := w.pairs[0].nodes[m.idx]
+		if a := w.aux[i]; a.on && n0.alive && n0.wins == a.wins && (f.Kind == FaultPartition || f.Kind == FaultStall) {
+			w.count(cReplicaCutOff)
 		}
 	case FaultCrash, FaultPowerCut:
-		n.holds--
-		if n.holds == 0 && !n.alive {
-			s.start(n)
+		m.holds--
+		if m.holds == 0 && !m.running {
+			w.start(m)
 		}
 	case FaultPause:
-		if a := s.aux[i]; a.on {
-			s.resume(n, a.pause)
+		if a := w.aux[i]; a.on {
+			w.resume(m, a.pause)
 		}
 	case FaultProc:
-		n.proc[f.Chain][f.Mode]--
+		m.proc[f.Chain][f.Mode]--
 	case FaultWatchLag:
-		s.cl.lag[n.idx] -= f.Value
+		w.cl.lag[m.idx] -= f.Value
 	}
 }
 
@@ -140,19 +166,19 @@ type faultAux struct {
 	replays      int
 }
 
-func (s *sim) scope(site string) int {
-	if n := s.nodeBySite(site); n != nil {
-		return n.idx
+func (w *world) scope(site string) int {
+	if m := w.machineBySite(site); m != nil {
+		return m.idx
 	}
 	return scopeNATS
 }
 
-// linkFault adds (delta 1) or removes (-1) a link fault on a node.
-func (s *sim) linkFault(n *node, f Fault, delta int) {
+// linkFault adds (delta 1) or removes (-1) a link fault on a machine.
+func (w *world) linkFault(m *machine, f Fault, delta int) {
 	for _, up := range []bool{true, false} {
-		d, dir := &n.down, DirDown
+		d, dir := &m.down, DirDown
 		if up {
-			d, dir = &n.up, DirUp
+			d, dir = &m.up, DirUp
 		}
 		if !f.Dir.has(dir) {
 			continue
@@ -165,7 +191,7 @@ func (s *sim) linkFault(n *node, f Fault, delta int) {
 			// it reconnects — writes the member gave up on land then.
 			d.buffer += delta
 			if delta < 0 && d.buffer == 0 && len(d.held) > 0 {
-				s.count(cBufferedFlushed)
+				w.count(cBufferedFlushed)
 			}
 		case f.Kind == FaultPartition:
 			d.drop += delta
@@ -177,38 +203,41 @@ func (s *sim) linkFault(n *node, f Fault, delta int) {
 			d.extra += time.Duration(delta) * f.Value
 		}
 		if d.clear() && !wasClear {
-			s.flush(n, up)
+			w.flush(m, up)
 		}
 	}
 	// A healed link lets a pending watch start, or a watch that lost
 	// deliveries resume from where it was.
-	if delta < 0 && (!n.watch || n.down.dropped) && s.reachable(n) {
-		n.down.dropped = false
-		s.resync(n)
+	if delta < 0 && (!m.watch || m.down.dropped) && w.reachable(m) {
+		m.down.dropped = false
+		w.resync(m)
 	}
 }
 
 // natsDown takes the server down (crash, or power cut).
-func (s *sim) natsDown(power bool) {
-	s.natsHolds++
-	if s.natsHolds > 1 {
+func (w *world) natsDown(power bool) {
+	w.natsHolds++
+	if w.natsHolds > 1 {
 		return
 	}
-	s.count(cNatsOutage)
-	for _, n := range s.nodes {
-		n.down.dropped = true // every connection breaks: watches resume later
+	w.count(cNatsOutage)
+	for _, m := range w.machines {
+		m.down.dropped = true // every connection breaks: watches resume later
 	}
-	for i := range s.cl.pending {
-		s.dropProposals(i) // a restarted leader has not committed them
+	for i := range w.cl.pending {
+		w.dropProposals(i) // a restarted leader has not committed them
 	}
-	lostKV, lostEvents := s.server.stop(s.now, power)
+	lostKV, lostEvents := w.server.stop(w.now, power)
 	if lostKV+lostEvents > 0 {
-		s.count(cLostAckedWrites)
-		s.tracef("nats", "power cut lost %d acknowledged KV writes and %d events (fsync: interval)", lostKV, lostEvents)
-		s.reloadRegister()
-		s.recordLost()
+		w.count(cLostAckedWrites)
+		w.tracef("nats", "power cut lost %d acknowledged KV writes and %d events (fsync: interval)", lostKV, lostEvents)
+		for _, p := range w.pairs {
+			p.reloadRegister()
+			p.recordLost()
+		}
+		w.reloadLive()
 	} else {
-		s.tracef("nats", "down (%s)", map[bool]string{true: "power cut", false: "crash"}[power])
+		w.tracef("nats", "down (%s)", map[bool]string{true: "power cut", false: "crash"}[power])
 	}
 }
 
@@ -233,11 +262,11 @@ func (s *sim) reloadRegister() {
 }
 
 // serverUp brings the server back; every watch resumes.
-func (s *sim) serverUp() {
-	s.server.start(s.now)
-	s.tracef("nats", "up")
-	for _, n := range s.nodes {
-		s.resync(n)
+func (w *world) serverUp() {
+	w.server.start(w.now)
+	w.tracef("nats", "up")
+	for _, m := range w.machines {
+		w.resync(m)
 	}
 }
 

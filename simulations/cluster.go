@@ -47,7 +47,6 @@ type cluster struct {
 	electGen uint64
 	ghost    int // a deposed leader still isolated: it proposes what will never commit (-1: none)
 	pending  [3][]proposal
-	view     [3]regView // the register as each site's server last applied it
 	lag      [2]time.Duration
 }
 
@@ -68,25 +67,25 @@ type regView struct {
 	forged bool
 }
 
-func (s *sim) initCluster() {
-	c := &s.cl
-	c.rng = rand.New(rand.NewPCG(s.cfg.Seed, streamCluster))
+func (w *world) initCluster() {
+	c := &w.cl
+	c.rng = rand.New(rand.NewPCG(w.cfg.Seed, streamCluster))
 	c.leader = c.rng.IntN(3)
 	c.ghost = -1
 }
 
-func (s *sim) siteName(i int) string {
+func (w *world) siteName(i int) string {
 	if i == witnessIdx {
 		return Witness
 	}
-	return s.nodes[i].site
+	return w.machines[i].site
 }
 
-func (s *sim) siteIndex(site string) int {
+func (w *world) siteIndex(site string) int {
 	if site == Witness {
 		return witnessIdx
 	}
-	return s.nodeBySite(site).idx
+	return w.machineBySite(site).idx
 }
 
 // quorum: the leader's site is connected to at least one other site.
@@ -131,54 +130,54 @@ func (c *cluster) route(i int) (route, int) {
 }
 
 // isolate starts (delta 1) or ends (-1) an isolation of a site.
-func (s *sim) isolate(site string, delta int) {
-	c := &s.cl
-	i := s.siteIndex(site)
+func (w *world) isolate(site string, delta int) {
+	c := &w.cl
+	i := w.siteIndex(site)
 	c.isolated[i] += delta
 	if delta < 0 && c.isolated[i] == 0 && c.ghost == i {
 		// A deposed leader rejoins: it learns the new term, and what it
 		// proposed alone is discarded.
-		s.tracef("nats", "%s rejoins: %d proposals of the deposed leader discarded", site, len(c.pending[i]))
-		s.dropProposals(i)
+		w.tracef("nats", "%s rejoins: %d proposals of the deposed leader discarded", site, len(c.pending[i]))
+		w.dropProposals(i)
 		c.ghost = -1
 	}
-	s.clusterChanged()
+	w.clusterChanged()
 	if i < witnessIdx {
-		n := s.nodes[i]
+		m := w.machines[i]
 		if delta > 0 {
-			n.down.dropped = true // its watch stops where it was
-		} else if s.reachable(n) {
-			n.down.dropped = false
-			s.resync(n)
+			m.down.dropped = true // its watch stops where it was
+		} else if w.reachable(m) {
+			m.down.dropped = false
+			w.resync(m)
 		}
 	}
 }
 
 // clusterChanged notices a leader losing or regaining its quorum.
-func (s *sim) clusterChanged() {
-	c := &s.cl
+func (w *world) clusterChanged() {
+	c := &w.cl
 	q := c.quorum()
 	switch {
 	case !q && !c.cut:
 		c.cut = true
 		c.electGen++
 		d := electionMin + time.Duration(c.rng.Int64N(int64(electionMax-electionMin)))
-		s.push(item{at: s.now + d, kind: evElection, gen: c.electGen})
-		s.inv.faultEvent(s, scopeNATS, 1) // every member's writes stall
-		s.tracef("nats", "stream leader at %s lost its quorum: writes stall (election in %v)", s.siteName(c.leader), d.Round(time.Millisecond))
+		w.push(item{at: w.now + d, kind: evElection, gen: c.electGen})
+		w.faultEvent(scopeNATS, 1) // every member's writes stall
+		w.tracef("nats", "stream leader at %s lost its quorum: writes stall (election in %v)", w.siteName(c.leader), d.Round(time.Millisecond))
 	case q && c.cut:
 		c.cut = false
-		s.inv.faultEvent(s, scopeNATS, -1)
-		s.tracef("nats", "stream leader at %s has its quorum again: %d proposals commit", s.siteName(c.leader), len(c.pending[c.leader]))
-		s.commitProposals(c.leader)
-		s.refreshViews()
+		w.faultEvent(scopeNATS, -1)
+		w.tracef("nats", "stream leader at %s has its quorum again: %d proposals commit", w.siteName(c.leader), len(c.pending[c.leader]))
+		w.commitProposals(c.leader)
+		w.refreshAll()
 	}
 }
 
 // election runs when a leader without quorum has been silent for the
 // election timeout: the sites that still form a quorum elect a leader.
-func (s *sim) election(gen uint64) {
-	c := &s.cl
+func (w *world) election(gen uint64) {
+	c := &w.cl
 	if !c.cut || gen != c.electGen {
 		return
 	}
@@ -194,51 +193,51 @@ func (s *sim) election(gen uint64) {
 		// No quorum anywhere: try again after another timeout.
 		c.electGen++
 		d := electionMin + time.Duration(c.rng.Int64N(int64(electionMax-electionMin)))
-		s.push(item{at: s.now + d, kind: evElection, gen: c.electGen})
+		w.push(item{at: w.now + d, kind: evElection, gen: c.electGen})
 		return
 	}
 	old := c.leader
 	c.leader = cand[c.rng.IntN(nc)]
 	if c.ghost >= 0 && c.ghost != old {
-		s.dropProposals(c.ghost)
+		w.dropProposals(c.ghost)
 	}
 	c.ghost = old
 	c.cut = false
-	s.count(cLeaderElected)
-	s.inv.faultEvent(s, scopeNATS, -1)
-	s.tracef("nats", "stream leader elected at %s (%s still cut off, %d proposals will be discarded)", s.siteName(c.leader), s.siteName(old), len(c.pending[old]))
-	s.refreshViews()
+	w.count(cLeaderElected)
+	w.faultEvent(scopeNATS, -1)
+	w.tracef("nats", "stream leader elected at %s (%s still cut off, %d proposals will be discarded)", w.siteName(c.leader), w.siteName(old), len(c.pending[old]))
+	w.refreshAll()
 }
 
 // moveLeader is a planned leader transfer (FaultLeader).
-func (s *sim) moveLeader(site string) {
-	c := &s.cl
-	i := s.siteIndex(site)
+func (w *world) moveLeader(site string) {
+	c := &w.cl
+	i := w.siteIndex(site)
 	if c.cut || c.isolated[i] > 0 || i == c.leader {
-		s.tracef("nats", "stream leader stays at %s", s.siteName(c.leader))
+		w.tracef("nats", "stream leader stays at %s", w.siteName(c.leader))
 		return
 	}
 	c.leader = i
-	s.tracef("nats", "stream leader moved to %s", site)
+	w.tracef("nats", "stream leader moved to %s", site)
 }
 
-func (s *sim) dropProposals(i int) {
-	c := &s.cl
+func (w *world) dropProposals(i int) {
+	c := &w.cl
 	for _, p := range c.pending[i] {
-		s.release(p.ref)
+		w.release(p.ref)
 	}
 	clear(c.pending[i])
 	c.pending[i] = c.pending[i][:0]
 }
 
 // commitProposals lands what a leader held while without quorum, in order.
-func (s *sim) commitProposals(i int) {
-	c := &s.cl
+func (w *world) commitProposals(i int) {
+	c := &w.cl
 	ps := c.pending[i]
 	c.pending[i] = nil
 	for _, p := range ps {
-		s.count(cProposalLate)
-		s.serve(s.nodes[p.node], p.ref)
+		w.count(cProposalLate)
+		w.serve(w.machines[p.node], p.ref)
 	}
 	c.pending[i] = ps[:0]
 }
@@ -254,12 +253,28 @@ func (c *cluster) inFlight(i int, key string) bool {
 }
 
 // refreshViews: every site connected to a leader with quorum has applied
-// the register as it stands.
+// the pair's register as it stands.
 func (s *sim) refreshViews() {
 	c := &s.cl
-	for i := range c.view {
+	for i := range s.views {
 		if c.connected(i) {
-			c.view[i] = s.top
+			s.views[i] = s.top
 		}
+	}
+}
+
+// refreshAll refreshes every pair's views and the liveness records'.
+func (w *world) refreshAll() {
+	for _, s := range w.pairs {
+		s.refreshViews()
+	}
+	w.refreshLiveViews()
+}
+
+// faultEvent tells every pair's checkers that a fault started (windowed:
+// it stays in force), ended, or happened at an instant, in a scope.
+func (w *world) faultEvent(scope int, delta int) {
+	for _, s := range w.pairs {
+		s.inv.faultEvent(s, scope, delta)
 	}
 }

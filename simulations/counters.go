@@ -62,6 +62,8 @@ const (
 	cForgedIgnored // a member recorded a register value it does not take for a member's write
 	cLostToForger  // a holder took a value the forger wrote for another's write and lost the register
 	cAppendIDTaken // a duplicate ack named a record not the appender's (a message on another subject under its id): appended again
+	// Node leadership (world.go).
+	cEpochRaised // a member raised a stale node's epoch
 	numCounters
 )
 
@@ -120,8 +122,7 @@ var counterNames = [numCounters]string{
 	cForgedIgnored:         "forged-value-ignored",
 	cLostToForger:          "leadership-lost-to-forged-value",
 	cAppendIDTaken:         "event-append-id-taken",
+	cEpochRaised:           "node-epoch-raised",
 }
 
 func (c counterID) String() string { return counterNames[c] }
-
-func (s *sim) count(c counterID) { s.counters[c]++ }

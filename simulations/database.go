@@ -99,11 +99,15 @@ type dbWorld struct {
 }
 
 func (s *sim) initDB() {
-	s.db = &dbWorld{rng: rand.New(rand.NewPCG(s.cfg.Seed, streamDB)), ref: -1}
+	stream := uint64(streamDB)
+	if s.pi > 0 {
+		stream += uint64(s.pi) << 20 // a stream of its own for every further pair
+	}
+	s.db = &dbWorld{rng: rand.New(rand.NewPCG(s.cfg.Seed, stream)), ref: -1}
 	for _, n := range s.nodes {
 		n.db = database{role: capability.RoleDown, lin: -1, follows: -1, streamFrom: -1, pubLin: -1}
 	}
-	s.push(item{at: time.Second, kind: evCommit})
+	s.push(item{at: time.Second, kind: evCommit, ref: s.pi})
 }
 
 // dbCommon is the common prefix of two histories: the positions up to
@@ -209,7 +213,7 @@ func (s *sim) dbCommit() {
 			s.count(cDBCommitWaited)
 		}
 	}
-	s.push(item{at: s.now + 20*time.Millisecond + time.Duration(w.rng.Int64N(int64(180*time.Millisecond))), kind: evCommit})
+	s.push(item{at: s.now + 20*time.Millisecond + time.Duration(w.rng.Int64N(int64(180*time.Millisecond))), kind: evCommit, ref: s.pi})
 }
 
 // newLineage starts a history branching from parent at fork.
@@ -289,7 +293,7 @@ func (s *sim) dbProcedure(n *node, p failover.Procedure) bool {
 			done := procedure.ChainResult{Kind: procedure.ChainSync, Seq: p.Seq, Detail: "refused: another procedure is in flight"}
 			s.appendEvent(n, 1, &procedure.ChainStarted{Resource: s.resource(n.site), Kind: done.Kind, Seq: p.Seq, Steps: 1})
 			s.appendEvent(n, 1, &procedure.ChainFinished{Resource: s.resource(n.site), Kind: done.Kind, Seq: p.Seq, Detail: done.Detail})
-			s.push(item{at: s.now, kind: evProcDone, node: int8(n.idx), ref: s.alloc(msg{kind: mProcResult, inc: n.inc, done: done})})
+			s.push(item{at: s.now, kind: evProcDone, node: int8(n.idx), ref: s.alloc(msg{kind: mProcResult, inc: n.inc, done: done, pair: s.pi})})
 			return true
 		}
 		s.dbStart(n, &n.db.call, p, between(s.db.rng, 10*time.Millisecond, 60*time.Millisecond), 0)
@@ -321,7 +325,7 @@ func (s *sim) dbStart(n *node, c *dbCall, p failover.Procedure, d time.Duration,
 	if p.Kind != failover.ProcCheck {
 		s.appendEvent(n, 1, &procedure.ChainStarted{Resource: s.resource(n.site), Kind: procedure.ChainKind(p.Kind), Seq: p.Seq, Steps: 1})
 	}
-	s.push(item{at: s.now + max(d, time.Microsecond), kind: evDBDone, node: int8(n.idx), gen: c.id, ref: check})
+	s.push(item{at: s.now + max(d, time.Microsecond), kind: evDBDone, node: int8(n.idx), gen: c.id, ref: check | s.pi<<1})
 }
 
 // dbSupersede ends the rejoin or sync in flight without an answer.
@@ -362,7 +366,7 @@ func (s *sim) rejoinPlan(n *node, p failover.Procedure) (time.Duration, string, 
 // member is paused (it runs on its own); the answer waits for the member.
 func (s *sim) dbDone(n *node, it item) {
 	c := &n.db.call
-	if it.ref == 1 {
+	if it.ref&1 == 1 {
 		c = &n.db.check
 	}
 	if !n.alive || c.id != it.gen {

@@ -2,6 +2,6 @@
 
 package simulations
 
-// buildTag is empty: this binary hosts the unmodified member (see
-// mutation_on.go).
-const buildTag = ""
+// skipFenceTag is empty: this binary hosts a member that fences itself
+// (see mutation_on.go).
+const skipFenceTag = ""

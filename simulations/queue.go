@@ -23,10 +23,14 @@ const (
 	evCommit                          // database mode: the writer commits on whatever serves
 	evDBDone                          // database mode: a workload call (check, rejoin, sync) ends (node, gen = call id, ref = 1 for a check)
 	evForge                           // a forger writes again (ref = fault)
+	evLiveTick                        // node leadership: a machine's liveness writer's timer (node, gen)
 )
 
 // item is one entry of the event queue: ordered by (at, seq). It holds no
-// pointers, so the heap costs the garbage collector nothing.
+// pointers, so the heap costs the garbage collector nothing. node is the
+// machine; a member's item names its pair in ref when ref is no message
+// (evTick: the pair; evAppendTimeout, evAppendRetry: stream | pair<<1;
+// evDBDone: check | pair<<1; evCommit: the pair), in the message otherwise.
 type item struct {
 	at   time.Duration
 	seq  uint64

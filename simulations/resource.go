@@ -110,11 +110,11 @@ func (s *sim) handleOut(n *node, out procedure.Out) {
 		n.curRun = run.RunID
 		final := run.Index == len(s.spec.Chain(run.Kind).Steps)-1
 		d, o := s.outcome(n, run, final)
-		ref := s.alloc(msg{kind: mStep, inc: n.inc, run: run.RunID, chain: run.Kind, final: final, outcome: o})
+		ref := s.alloc(msg{kind: mStep, inc: n.inc, run: run.RunID, chain: run.Kind, final: final, outcome: o, pair: s.pi})
 		s.push(item{at: s.now + d, kind: evStepDone, node: int8(n.idx), ref: ref})
 	}
 	if out.Done != nil {
-		ref := s.alloc(msg{kind: mProcResult, inc: n.inc, done: *out.Done})
+		ref := s.alloc(msg{kind: mProcResult, inc: n.inc, done: *out.Done, pair: s.pi})
 		s.push(item{at: s.now, kind: evProcDone, node: int8(n.idx), ref: ref})
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
 	"time"
 
@@ -90,6 +91,15 @@ type Server struct {
 	nextSync  time.Duration
 	journal   []events.Entry // every KV write in revision order, when kept
 	keep      bool
+	// The stream's records by subject, as the simulator appended them
+	// (appendEvent, publish): reading a subject of the MemoryLog scans the
+	// whole stream, and a node's restart replays one subject per pair.
+	// subjects holds each record's subject by sequence; mirrorOff: the
+	// stream holds records the mirror missed (appended through Log), so
+	// reads go to the MemoryLog.
+	subjects  []string
+	bySubject map[string][]events.Record
+	mirrorOff bool
 	hdr       map[string]string // reused for HeaderQueued (AppendRaw reads it, keeps nothing)
 }
 
@@ -247,6 +257,7 @@ func (s *Server) appendEvent(t time.Duration, subject string, data []byte, last 
 		panic(fmt.Sprintf("simulated server: append %s: %v", subject, err))
 	}
 	s.logSeq = max(s.logSeq, ack.Sequence)
+	s.mirror(ack)
 	return appendResult{seq: ack.Sequence, duplicate: ack.Duplicate, last: last, id: id}
 }
 
@@ -259,11 +270,51 @@ func (s *Server) publish(t time.Duration, subject string, data []byte, id string
 		panic(fmt.Sprintf("simulated server: publish %s: %v", subject, err))
 	}
 	s.logSeq = max(s.logSeq, ack.Sequence)
+	s.mirror(ack)
 	return ack
 }
 
+// mirror adds the record an append just stored (the stream's last: a
+// read of one record) to the records by subject.
+func (s *Server) mirror(ack events.Ack) {
+	if ack.Duplicate || s.mirrorOff {
+		return
+	}
+	if ack.Sequence != uint64(len(s.subjects))+1 {
+		s.mirrorOff = true
+		return
+	}
+	for rec, err := range s.log.Read(bg, events.ReadOptions{FromSeq: ack.Sequence}) {
+		if err != nil || rec.Sequence != ack.Sequence {
+			s.mirrorOff = true
+			return
+		}
+		s.keepRecord(rec)
+		return
+	}
+	s.mirrorOff = true
+}
+
+func (s *Server) keepRecord(rec events.Record) {
+	if s.bySubject == nil {
+		s.bySubject = map[string][]events.Record{}
+	}
+	s.subjects = append(s.subjects, rec.Subject)
+	s.bySubject[rec.Subject] = append(s.bySubject[rec.Subject], rec)
+}
+
+// mirrored reports whether the records by subject hold the whole stream.
+func (s *Server) mirrored() bool { return !s.mirrorOff && uint64(len(s.subjects)) == s.logSeq }
+
 // lastRecord is a subject's latest record (ok false: none).
 func (s *Server) lastRecord(subject string) (events.Record, bool) {
+	if s.mirrored() {
+		recs := s.bySubject[subject]
+		if len(recs) == 0 {
+			return events.Record{}, false
+		}
+		return recs[len(recs)-1], true
+	}
 	last, err := s.log.LastSequence(bg, subject)
 	if err != nil || last == 0 {
 		return events.Record{}, false
@@ -273,6 +324,14 @@ func (s *Server) lastRecord(subject string) (events.Record, bool) {
 
 // recordAt is the stream's record at sequence seq (ok false: none).
 func (s *Server) recordAt(seq uint64) (events.Record, bool) {
+	if s.mirrored() {
+		if seq == 0 || seq > uint64(len(s.subjects)) {
+			return events.Record{}, false
+		}
+		recs := s.bySubject[s.subjects[seq-1]]
+		i := sort.Search(len(recs), func(i int) bool { return recs[i].Sequence >= seq })
+		return recs[i], true
+	}
 	for rec, err := range s.log.Read(bg, events.ReadOptions{FromSeq: seq}) {
 		return rec, err == nil && rec.Sequence == seq
 	}
@@ -282,6 +341,14 @@ func (s *Server) recordAt(seq uint64) (events.Record, bool) {
 // recordsAfter calls fn with every record on subject after sequence last
 // (the checkers' ground truth).
 func (s *Server) recordsAfter(subject string, last uint64, fn func(rec events.Record)) {
+	if s.mirrored() {
+		recs := s.bySubject[subject]
+		i := sort.Search(len(recs), func(i int) bool { return recs[i].Sequence > last })
+		for _, rec := range recs[i:] {
+			fn(rec)
+		}
+		return
+	}
 	for rec, err := range s.log.Read(bg, events.ReadOptions{Subject: subject, FromSeq: last + 1}) {
 		if err != nil {
 			return
@@ -290,8 +357,12 @@ func (s *Server) recordsAfter(subject string, last uint64, fn func(rec events.Re
 	}
 }
 
-// records returns a subject's records in order (a restart's replay).
+// records returns a subject's records in order (a restart's replay); the
+// caller must not modify them.
 func (s *Server) records(subject string) []events.Record {
+	if s.mirrored() {
+		return s.bySubject[subject]
+	}
 	var out []events.Record
 	for rec, err := range s.log.Read(bg, events.ReadOptions{Subject: subject}) {
 		if err != nil {
@@ -352,6 +423,14 @@ func (s *Server) rollback() {
 	}
 	s.clock.set(now)
 	s.kv, s.log, s.logSeq = kv, log, s.syncedSeq
+	s.subjects, s.bySubject, s.mirrorOff = nil, nil, false
+	for rec, err := range s.log.Read(bg, events.ReadOptions{}) {
+		if err != nil {
+			s.mirrorOff = true
+			break
+		}
+		s.keepRecord(rec)
+	}
 }
 
 // start brings the server back.

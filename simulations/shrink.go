@@ -131,6 +131,13 @@ func Command(cfg Config, pairConfig string) string {
 	if cfg.Fsync == FsyncInterval {
 		b.WriteString(" --fsync interval")
 	}
+	if cfg.Leadership == LeadershipNode {
+		b.WriteString(" --leadership node")
+	}
+	if cfg.Pairs > 1 {
+		b.WriteString(" --pairs ")
+		b.WriteString(strconv.Itoa(cfg.Pairs))
+	}
 	if cfg.FaultsSet {
 		b.WriteString(" --faults ")
 		b.WriteString(shellQuote(FormatFaults(cfg.Faults)))

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"time"
 
 	"understudy/actors/failover"
@@ -48,6 +49,13 @@ type Config struct {
 	StopAtFirstViolation bool
 	// Logger receives the run's own log lines (nil: discarded).
 	Logger *slog.Logger
+	// Leadership is how leadership is kept: per pair (0: the default) or
+	// per node, with one liveness record per node (LeadershipNode).
+	Leadership Leadership
+	// Pairs is how many pairs each node hosts (0: one). Every pair has the
+	// same rules and sites; pair 1 is named as the rules say, pair k
+	// <name>-k. The faults of a site hit its node: every member on it.
+	Pairs int
 }
 
 // DefaultPair is the pair the simulator runs when Config.Rules is zero.
@@ -58,6 +66,9 @@ type Violation struct {
 	Invariant string  `json:"invariant"`
 	At        float64 `json:"at"` // simulated seconds since the start
 	Detail    string  `json:"detail"`
+	// Pair is the pair it concerns, in a run of several pairs ("" with
+	// one, or for a violation of the whole run).
+	Pair string `json:"pair,omitempty"`
 }
 
 // Counter is one "sometimes" counter: how often something happened.
@@ -71,6 +82,8 @@ type Counter struct {
 type Result struct {
 	Scenario          string      `json:"scenario"`
 	Seed              uint64      `json:"seed"`
+	Leadership        string      `json:"leadership,omitempty"` // with node leadership or several pairs
+	Pairs             int         `json:"pairs,omitempty"`      // pairs per node, when more than one
 	SimulatedSeconds  float64     `json:"simulated_seconds"`
 	WallSeconds       float64     `json:"wall_seconds"`
 	Speedup           float64     `json:"speedup"`
@@ -122,6 +135,7 @@ type Outage struct {
 	TrueFrom  float64 `json:"true_from"`
 	TrueTo    float64 `json:"true_to"`
 	TrueMS    float64 `json:"true_ms"`
+	Pair      string  `json:"pair,omitempty"` // in a run of several pairs
 }
 
 // Takeover is a failover: an acquire that won the register from another
@@ -136,7 +150,8 @@ type Takeover struct {
 	// OldAlive: the old holder's process was running when it was taken
 	// over (cut off, slow or paused, not dead): a false failover in the
 	// staleness decision's sense — the primary was not down.
-	OldAlive bool `json:"old_alive"`
+	OldAlive bool   `json:"old_alive"`
+	Pair     string `json:"pair,omitempty"` // in a run of several pairs
 }
 
 // Duration is the simulated time the run covered.
@@ -197,36 +212,23 @@ type msg struct {
 	final   bool // mStep: the last step of its chain
 	outcome procedure.Outcome
 	done    procedure.ChainResult // mProcResult
+	// pair is the index of the pair whose member sent the message or must
+	// receive it; all (-1): the machine's own (its liveness writer's
+	// writes and their answers, liveness records and Synced on its watch).
+	pair int32
 }
 
-// sim is one run. Everything happens on the goroutine that calls Run.
+// sim is one pair of a run: its two members (one on each machine), the
+// register as they wrote it, its databases and its checkers. What the
+// pairs share — the loop, the server, the machines — is the world it
+// embeds. Everything happens on the goroutine that calls Run.
 type sim struct {
-	cfg       Config
-	sc        *Scenario
-	rules     failover.Rules
-	opts      failover.Options
-	end       time.Duration
-	now       time.Duration
-	seq       uint64
-	steps     uint64
-	q         queue
-	server    *Server
-	cl        cluster
-	codec     *events.Registry
-	nodes     [2]*node
-	msgs      []msg
-	free      []int32
-	faults    []Fault
-	aux       []faultAux
-	natsHolds int
-	tr        tracer
-	tw        io.Writer
-	log       *slog.Logger
-	counters  [numCounters]int
-	viol      []Violation
-	stopNow   bool
-	attempts  uint64
-	sw        int // switchover ids
+	*world
+	pi    int32 // index in world.pairs
+	rules failover.Rules
+	opts  failover.Options
+	nodes [2]*node
+	sw    int // switchover ids
 	// What the record shows (record.go).
 	recMarks  []recMark
 	anyQueued bool
@@ -244,12 +246,12 @@ type sim struct {
 	forged   map[uint64]bool
 	replayed map[uint64]bool
 	heldBy   [2]struct{ term, beat uint64 }
+	views    [3]regView // the register as each site's server last applied it
 
 	inv  invariants
 	db   *dbWorld // the replicating databases (nil: database mode off)
 	spec procedure.Spec
 	// Derived bounds (see invariants.go).
-	maxLat       time.Duration
 	fenceMax     time.Duration
 	promoteMax   time.Duration
 	bound        time.Duration
@@ -262,22 +264,32 @@ type sim struct {
 
 // Run runs one simulation.
 func Run(cfg Config) (*Result, error) {
-	s, err := newSim(cfg)
+	w, err := newWorld(cfg)
 	if err != nil {
 		return nil, err
 	}
 	wall := time.Now()
-	s.run()
-	r := s.result(time.Since(wall))
+	w.run()
+	r := w.result(time.Since(wall))
 	if cfg.Export != nil {
-		if err := s.export(cfg.Export, r); err != nil {
+		if err := w.pairs[0].export(cfg.Export, r); err != nil {
 			return r, err
 		}
 	}
 	return r, nil
 }
 
+// newSim builds a run and returns its first pair (tests reach the run
+// through it).
 func newSim(cfg Config) (*sim, error) {
+	w, err := newWorld(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return w.pairs[0], nil
+}
+
+func newWorld(cfg Config) (*world, error) {
 	sc := ScenarioByName(cfg.Scenario)
 	if sc == nil {
 		return nil, fmt.Errorf("unknown scenario %q (see --list)", cfg.Scenario)
@@ -304,6 +316,21 @@ func newSim(cfg Config) (*sim, error) {
 	if cfg.Fsync == 0 {
 		cfg.Fsync = FsyncAlways
 	}
+	if cfg.Leadership == 0 {
+		cfg.Leadership = LeadershipPerPair
+	}
+	if cfg.Leadership != LeadershipPerPair && cfg.Leadership != LeadershipNode {
+		return nil, fmt.Errorf("leadership must be node or per-pair")
+	}
+	if cfg.Pairs <= 0 {
+		cfg.Pairs = 1
+	}
+	if cfg.Pairs > MaxPairs {
+		return nil, fmt.Errorf("pairs per node: at most %d, got %d", MaxPairs, cfg.Pairs)
+	}
+	if cfg.Export != nil && (cfg.Pairs > 1 || cfg.Leadership == LeadershipNode) {
+		return nil, fmt.Errorf("the export of a run holds one pair in per-pair leadership: run without --out, or with one pair and --leadership per-pair")
+	}
 	opts := failover.Options{AllowUnsafe: cfg.AllowUnsafe}
 	if sc.Database {
 		// The member drives a replicating database: it rejoins, checks and
@@ -315,39 +342,50 @@ func newSim(cfg Config) (*sim, error) {
 	} else if rules.Synchronous == failover.SyncOn || rules.Synchronous == failover.SyncStrict {
 		return nil, fmt.Errorf("synchronous: %s needs a replicating database: run a db-* scenario (see --list)", rules.Synchronous)
 	}
-	s := &sim{
-		cfg: cfg, sc: sc, rules: rules, opts: opts,
+	w := &world{
+		cfg: cfg, sc: sc, base: rules, nodeMode: cfg.Leadership == LeadershipNode,
 		end: cfg.Duration, codec: NewCodec(), tw: cfg.Trace, log: cfg.Logger,
-		forged: map[uint64]bool{}, replayed: map[uint64]bool{},
 	}
-	if s.log == nil {
-		s.log = slog.New(slog.DiscardHandler)
+	if w.log == nil {
+		w.log = slog.New(slog.DiscardHandler)
 	}
-	s.server = NewServer(ServerOptions{Codec: s.codec, Fsync: cfg.Fsync})
+	w.server = NewServer(ServerOptions{Codec: w.codec, Fsync: cfg.Fsync})
 	if cfg.Export != nil {
-		s.server.keepJournal()
+		w.server.keepJournal()
 	}
-	s.tr.init()
-	s.spec = procedureSpec(rules)
-	s.maxLat = min(60*time.Millisecond, max(rules.HeartbeatTimeout/4, 2*minLatency))
-	s.fenceMax = chainMax(s.spec.Fence)
-	s.promoteMax = chainMax(s.spec.Promote)
-	s.bound = rules.FailoverTimeout + 2*rules.HeartbeatTimeout + s.fenceMax + s.promoteMax + 6*s.maxLat
-	s.calmLimit, s.foCheck = calmChanges(rules), rules.FailoverTimeout
-	s.settle = s.bound + time.Duration(rules.SuccessThreshold+2)*rules.HeartbeatTimeout + s.fenceMax + chainMax(s.spec.Demote)
-	s.hoBound = s.promoteMax + 4*rules.HeartbeatTimeout + 6*s.maxLat
-	s.standbyBound = s.bound + s.fenceMax + rules.HeartbeatTimeout
+	w.tr.init()
+	w.maxLat = min(60*time.Millisecond, max(rules.HeartbeatTimeout/4, 2*minLatency))
 	for i, site := range []string{rules.Primary, rules.Replica} {
-		s.nodes[i] = s.newNode(i, site)
+		w.machines[i] = w.newMachine(i, site)
 	}
-	s.initCluster()
+	w.pattern = rules.Pair + ".>"
+	if cfg.Pairs > 1 || w.nodeMode {
+		w.pattern = ">" // every pair's keys and the liveness records
+	}
+	if cfg.Pairs > 1 {
+		w.pairIdx = make(map[string]int32, cfg.Pairs)
+	}
+	for p := range cfg.Pairs {
+		r := rules
+		if p > 0 {
+			r.Pair = rules.Pair + "-" + strconv.Itoa(p+1)
+		}
+		if w.pairIdx != nil {
+			if _, dup := w.pairIdx[r.Pair]; dup {
+				return nil, fmt.Errorf("pair %s: two pairs of that name", r.Pair)
+			}
+			w.pairIdx[r.Pair] = int32(p)
+		}
+		w.pairs = append(w.pairs, w.newPair(int32(p), r, opts))
+	}
+	w.initCluster()
 	if cfg.FaultsSet {
-		s.faults = append([]Fault(nil), cfg.Faults...)
+		w.faults = append([]Fault(nil), cfg.Faults...)
 	} else {
 		gen := rand.New(rand.NewPCG(cfg.Seed, streamSchedule))
-		s.faults = sc.Schedule(gen, rules, cfg.Duration)
+		w.faults = sc.Schedule(gen, rules, cfg.Duration)
 	}
-	for i, f := range s.faults {
+	for i, f := range w.faults {
 		switch {
 		case f.Kind == FaultServerClock:
 		case f.Site == Witness && (f.Kind == FaultIsolate || f.Kind == FaultLeader):
@@ -368,17 +406,42 @@ func newSim(cfg Config) (*sim, error) {
 		case (f.Kind == FaultPause || f.Kind == FaultIsolate || f.Kind == FaultWatchLag || f.Kind == FaultReplCut || f.Kind == FaultReplLag) && f.For <= 0:
 			return nil, fmt.Errorf("fault %s: needs a duration", f)
 		}
-		s.push(item{at: f.At, kind: evFaultStart, ref: int32(i)})
+		w.push(item{at: f.At, kind: evFaultStart, ref: int32(i)})
 	}
-	s.aux = make([]faultAux, len(s.faults))
-	s.inv.init(s)
-	if sc.Database {
-		s.initDB()
+	w.aux = make([]faultAux, len(w.faults))
+	for _, s := range w.pairs {
+		s.inv.init(s)
+		if sc.Database {
+			s.initDB()
+		}
 	}
-	for _, n := range s.nodes {
-		s.push(item{at: time.Duration(n.rng.Int64N(int64(50 * time.Millisecond))), kind: evRestart, node: int8(n.idx)})
+	for _, m := range w.machines {
+		w.push(item{at: time.Duration(m.rng.Int64N(int64(50 * time.Millisecond))), kind: evRestart, node: int8(m.idx)})
 	}
-	return s, nil
+	return w, nil
+}
+
+// newPair builds pair p of the world with its rules: its bounds and its
+// two members, one on each machine.
+func (w *world) newPair(p int32, rules failover.Rules, opts failover.Options) *sim {
+	s := &sim{world: w, pi: p, rules: rules, opts: opts, forged: map[uint64]bool{}, replayed: map[uint64]bool{}}
+	s.spec = procedureSpec(rules)
+	s.fenceMax = chainMax(s.spec.Fence)
+	s.promoteMax = chainMax(s.spec.Promote)
+	s.bound = rules.FailoverTimeout + 2*rules.HeartbeatTimeout + s.fenceMax + s.promoteMax + 6*w.maxLat
+	if w.nodeMode {
+		// A takeover is two compare-and-sets in a row: the raise of the
+		// holder node's epoch, then the register.
+		s.bound += 2 * w.maxLat
+	}
+	s.calmLimit, s.foCheck = calmChanges(rules), rules.FailoverTimeout
+	s.settle = s.bound + time.Duration(rules.SuccessThreshold+2)*rules.HeartbeatTimeout + s.fenceMax + chainMax(s.spec.Demote)
+	s.hoBound = s.promoteMax + 4*rules.HeartbeatTimeout + 6*w.maxLat
+	s.standbyBound = s.bound + s.fenceMax + rules.HeartbeatTimeout
+	for i, m := range w.machines {
+		s.nodes[i] = s.newNode(i, m)
+	}
+	return s
 }
 
 // PRNG stream constants: one seed, independent streams, so that removing
@@ -388,135 +451,6 @@ const (
 	streamNode     = 0x7573_696d_0100
 	streamEventID  = 0x7573_696d_0200
 )
-
-func (s *sim) push(it item) {
-	s.seq++
-	it.seq = s.seq
-	s.q.push(it)
-}
-
-func (s *sim) alloc(m msg) int32 {
-	if n := len(s.free); n > 0 {
-		ref := s.free[n-1]
-		s.free = s.free[:n-1]
-		s.msgs[ref] = m
-		return ref
-	}
-	s.msgs = append(s.msgs, m)
-	return int32(len(s.msgs) - 1)
-}
-
-func (s *sim) release(ref int32) {
-	s.msgs[ref] = msg{}
-	s.free = append(s.free, ref)
-}
-
-func (s *sim) run() {
-	for s.q.len() > 0 {
-		it := s.q.pop()
-		if it.at > s.end {
-			break
-		}
-		s.now = it.at
-		s.steps++
-		s.tr.item(it)
-		s.dispatch(it)
-		s.inv.step(s)
-		if s.stopNow {
-			return
-		}
-	}
-	s.now = s.end
-	s.inv.finish(s)
-}
-
-func (s *sim) dispatch(it item) {
-	switch it.kind {
-	case evTick:
-		n := s.nodes[it.node]
-		if it.gen != n.tickGen || !n.alive {
-			return
-		}
-		n.tickSet = false
-		if n.paused {
-			n.deferred = append(n.deferred, it)
-			return
-		}
-		s.step(n, failover.Tick{})
-	case evUp:
-		s.atServer(s.nodes[it.node], it.ref)
-	case evDown:
-		s.atNode(s.nodes[it.node], it)
-	case evStepDone:
-		s.stepDone(s.nodes[it.node], it)
-	case evProcDone:
-		n := s.nodes[it.node]
-		m := &s.msgs[it.ref]
-		if !n.alive || m.inc != n.inc {
-			s.release(it.ref)
-			return
-		}
-		if n.paused {
-			n.deferred = append(n.deferred, it)
-			return
-		}
-		d := m.done
-		s.release(it.ref)
-		s.step(n, failover.ProcedureResult{Kind: failover.ProcKind(d.Kind), Seq: d.Seq, OK: d.OK, Detail: d.Detail})
-	case evAppendTimeout:
-		n := s.nodes[it.node]
-		if n.paused {
-			n.deferred = append(n.deferred, it)
-			return
-		}
-		a := &n.apps[it.ref]
-		if n.alive && a.inflight && a.attempt == it.gen {
-			// The runtime's attempt ends with its context: a failed
-			// attempt, retried after the backoff.
-			a.inflight = false
-			s.count(cAppendRetried)
-			s.retryLater(n, int(it.ref))
-		}
-	case evAppendRetry:
-		n := s.nodes[it.node]
-		if n.paused {
-			n.deferred = append(n.deferred, it)
-			return
-		}
-		a := &n.apps[it.ref]
-		if n.alive && a.waiting && a.attempt == it.gen {
-			a.waiting = false
-			s.pump(n, int(it.ref))
-		}
-	case evElection:
-		s.election(it.gen)
-	case evFaultStart:
-		s.faultStart(int(it.ref))
-	case evFaultEnd:
-		s.faultEnd(int(it.ref))
-	case evRestart:
-		n := s.nodes[it.node]
-		if !n.alive && n.holds == 0 && !n.halted {
-			s.start(n)
-		}
-	case evWatchdog:
-		n := s.nodes[it.node]
-		if n.alive && n.paused && n.pauseID == it.gen {
-			s.count(cWatchdogKill)
-			s.tracef(n.site, "watchdog: member silent for %v while paused; the unit is killed", s.watchdog())
-			s.crash(n, false)
-			s.push(item{at: s.now + restartDelay, kind: evRestart, node: it.node})
-		}
-	case evServerUp:
-		s.serverUp()
-	case evCommit:
-		s.dbCommit()
-	case evDBDone:
-		s.dbDone(s.nodes[it.node], it)
-	case evForge:
-		s.forgeStart(int(it.ref))
-	}
-}
 
 // step feeds one input to a node's member and carries out what it asks.
 func (s *sim) step(n *node, in failover.Input) {
@@ -538,7 +472,7 @@ func (s *sim) armTick(n *node) {
 	}
 	n.tickGen++
 	n.tickAt, n.tickSet = v, true
-	s.push(item{at: v, kind: evTick, node: int8(n.idx), gen: n.tickGen})
+	s.push(item{at: v, kind: evTick, node: int8(n.idx), ref: s.pi, gen: n.tickGen})
 }
 
 // handle carries out a member's Ready: events to its appender, writes onto
@@ -595,9 +529,9 @@ func (s *sim) pump(n *node, stream int) {
 		id = msgID(a.subject, a.last, n.nonce, a.ids[0])
 	}
 	ref := s.alloc(msg{kind: mAppend, inc: n.inc, stream: int8(stream), data: a.queue[0], last: a.last, known: a.known, attempt: a.attempt,
-		queued: n.clk.local(s.now) - a.born[0], mark: a.marks[0], id: id, event: a.ids[0]})
-	s.send(n, true, ref)
-	s.push(item{at: s.now + appendTimeout, kind: evAppendTimeout, node: int8(n.idx), ref: int32(stream), gen: a.attempt})
+		queued: n.clk.local(s.now) - a.born[0], mark: a.marks[0], id: id, event: a.ids[0], pair: s.pi})
+	s.send(n.machine, true, ref)
+	s.push(item{at: s.now + appendTimeout, kind: evAppendTimeout, node: int8(n.idx), ref: s.appRef(stream), gen: a.attempt})
 }
 
 // retryLater schedules the next attempt of an appender after its
@@ -608,9 +542,12 @@ func (s *sim) retryLater(n *node, stream int) {
 		a.backoff = appendBackoff
 	}
 	a.waiting = true
-	s.push(item{at: s.now + a.backoff, kind: evAppendRetry, node: int8(n.idx), ref: int32(stream), gen: a.attempt})
+	s.push(item{at: s.now + a.backoff, kind: evAppendRetry, node: int8(n.idx), ref: s.appRef(stream), gen: a.attempt})
 	a.backoff = min(2*a.backoff, appendTimeout)
 }
+
+// appRef is the ref of an appender's queue items: its stream and pair.
+func (s *sim) appRef(stream int) int32 { return int32(stream) | s.pi<<1 }
 
 // msgID is the runtime appender's message id for the append of an event
 // after sequence last: subject@position/nonce/event.
@@ -622,84 +559,8 @@ func (s *sim) sendWrite(n *node, w *failover.Write) {
 	s.inv.writeIssued(s, n)
 	n.pending[n.pendingNext%len(n.pending)] = pendingWrite{op: w.Op, deadline: w.Deadline, kind: w.Kind}
 	n.pendingNext++
-	ref := s.alloc(msg{kind: mWrite, inc: n.inc, write: *w, sent: s.now, effect: n.available()})
-	s.send(n, true, ref)
-}
-
-// atServer handles a message that reached the node's NATS server: the
-// cluster routes it to the stream leader, to a leader without quorum that
-// holds it as a proposal, or nowhere (cluster.go).
-func (s *sim) atServer(n *node, ref int32) {
-	if s.server.down {
-		s.release(ref)
-		return
-	}
-	switch r, at := s.cl.route(n.idx); r {
-	case routeDrop:
-		s.release(ref)
-		return
-	case routePropose:
-		s.propose(n, ref, at)
-		return
-	}
-	s.serve(n, ref)
-}
-
-// serve has the stream leader, with its quorum, carry out a request.
-func (s *sim) serve(n *node, ref int32) {
-	m := &s.msgs[ref]
-	switch m.kind {
-	case mWrite:
-		s.serverWrite(n, ref)
-	case mAppend:
-		res := s.server.appendEvent(s.now, n.apps[m.stream].subject, m.data, m.last, m.known, m.queued, m.id, m.event)
-		if res.code == 0 && !res.duplicate {
-			s.eventLanded(n, int(m.stream), m.mark, res.seq, m.queued)
-		}
-		*m = msg{kind: mAppendAck, inc: m.inc, stream: m.stream, attempt: m.attempt, seq: res.seq, code: res.code, dup: res.duplicate, last: res.last, id: res.id}
-		s.send(n, false, ref)
-	default:
-		s.release(ref)
-	}
-}
-
-// propose: a leader without quorum (at site at) takes a request as a
-// proposal it cannot commit, or refuses it at once: 10164 when a proposal
-// for the same subject is in flight, 10071 when a conditional write
-// expects other than what it holds.
-func (s *sim) propose(n *node, ref int32, at int) {
-	m := &s.msgs[ref]
-	c := &s.cl
-	var key string
-	switch m.kind {
-	case mWrite:
-		w := &m.write
-		key = w.Key
-		create := !w.Put && w.ExpectRev == 0
-		if !w.Put && c.inFlight(at, key) {
-			s.count(cInFlightRefused)
-			s.refuseWrite(n, ref, events.KVAPIError(create, codeInFlight, descInFlight))
-			return
-		}
-		if !w.Put && key == failover.LeaderKey(s.rules.Pair) {
-			if v := &c.view[at]; (create && v.known) || (!create && w.ExpectRev != v.rev) {
-				s.refuseWrite(n, ref, events.KVAPIError(create, codeWrongLast, descWrongLast))
-				return
-			}
-		}
-	case mAppend:
-		key = n.apps[m.stream].subject
-		if c.inFlight(at, key) {
-			s.count(cInFlightRefused)
-			*m = msg{kind: mAppendAck, inc: m.inc, stream: m.stream, attempt: m.attempt, code: codeInFlight, last: m.last, id: m.id}
-			s.send(n, false, ref)
-			return
-		}
-	default:
-		s.release(ref)
-		return
-	}
-	c.pending[at] = append(c.pending[at], proposal{ref: ref, node: int8(n.idx), key: key})
+	ref := s.alloc(msg{kind: mWrite, inc: n.inc, write: *w, sent: s.now, effect: n.available(), pair: s.pi})
+	s.send(n.machine, true, ref)
 }
 
 // JetStream error codes the simulated server answers with.
@@ -748,74 +609,36 @@ func (s *sim) serverWrite(n *node, ref int32) {
 			in = failover.HeartbeatObserved{Rev: res.rev, Time: res.ts, Site: failover.HeartbeatSite(s.rules.Pair, w.Key), Value: w.Beat}
 		}
 		s.tr.u64(res.rev)
+		if s.nodeMode && s.tw != nil {
+			// Written only when they change: each write is worth a line.
+			if leaderKey {
+				s.tracef(n.site, "register rev %d = %v", res.rev, w.Leader)
+			} else {
+				s.tracef(n.site, "heartbeat rev %d: %s ready=%v", res.rev, w.Beat.Phase, w.Beat.Ready)
+			}
+		}
 		// The writer's answer and the watch delivery of the same entry race
 		// on the writer's connection; either may come first.
 		replyFirst := n.rng.IntN(2) == 0
 		if !replyFirst {
 			s.fanOut(res.rev, in)
 		}
-		s.reply(n, ref, out)
+		s.reply(n.machine, ref, out)
 		if replyFirst {
 			s.fanOut(res.rev, in)
 		}
 		return
 	}
-	s.refuseWrite(n, ref, events.KVAPIError(!w.Put && w.ExpectRev == 0, codeWrongLast, descWrongLast))
+	s.refuseWrite(n.machine, ref, events.KVAPIError(!w.Put && w.ExpectRev == 0, codeWrongLast, descWrongLast))
 }
 
-// refuseWrite answers a KV write the server refused with err, as the
-// runtime would: classified by failover.WriteErrOf; after a conflict on
-// the register, the register as the node's own NATS server reads it (a
-// cut-off leader's is stale).
-func (s *sim) refuseWrite(n *node, ref int32, err error) {
-	w := &s.msgs[ref].write
-	out := failover.WriteResult{Op: w.Op, Err: failover.WriteErrOf(err)}
-	switch out.Err {
-	case failover.WriteConflict:
-		if v := &s.cl.view[n.idx]; w.Key == failover.LeaderKey(s.rules.Pair) && v.known {
-			le := s.leaderEntry(v.rev, v.ts, v.l, v.forged)
-			out.Current = &le
-			if v.rev < s.top.rev {
-				s.count(cStaleRead)
-			}
-		}
-	default:
-		out.Cause = err.Error()
-	}
-	s.reply(n, ref, out)
-}
+// fanOut queues a new entry of the pair's keys on every established watch.
+func (s *sim) fanOut(rev uint64, in failover.Input) { s.broadcast(s.pi, rev, in) }
 
-func (s *sim) reply(n *node, ref int32, out failover.WriteResult) {
-	m := &s.msgs[ref]
-	m.kind, m.res = mWriteResult, out
-	s.send(n, false, ref)
-}
-
-// fanOut queues a new entry on every established watch, in node order.
-func (s *sim) fanOut(rev uint64, in failover.Input) {
-	for _, o := range s.nodes {
-		if !o.alive || !o.watch {
-			continue
-		}
-		if !s.cl.connected(o.idx) {
-			o.down.dropped = true // its server has not applied it: the watch resumes on heal
-			continue
-		}
-		s.send(o, false, s.alloc(msg{kind: mEntry, inc: o.inc, rev: rev, in: in}))
-	}
-}
-
-// atNode handles a message that reached a node.
-func (s *sim) atNode(n *node, it item) {
+// atMember handles a message that reached a member (its machine has
+// checked that the member runs and is not paused).
+func (s *sim) atMember(n *node, it item) {
 	m := &s.msgs[it.ref]
-	if !n.alive || m.inc != n.inc {
-		s.release(it.ref)
-		return
-	}
-	if n.paused {
-		n.deferred = append(n.deferred, it)
-		return
-	}
 	switch m.kind {
 	case mWriteResult:
 		res := m.res
@@ -886,7 +709,7 @@ func (s *sim) atNode(n *node, it item) {
 // own; when not, the next attempt is scheduled.
 func (s *sim) ownDuplicate(n *node, stream int, id string, ack events.Ack) bool {
 	a := &n.apps[stream]
-	if !s.reachable(n) {
+	if !s.reachable(n.machine) {
 		s.retryLater(n, stream)
 		return false
 	}
@@ -922,67 +745,25 @@ func descOf(code int32) string {
 	return descWrongLast
 }
 
-// result builds the run's Result.
-func (s *sim) result(wall time.Duration) *Result {
-	r := &Result{
-		Scenario: s.sc.Name, Seed: s.cfg.Seed,
-		SimulatedSeconds: s.now.Seconds(), WallSeconds: wall.Seconds(),
-		Steps: s.steps, Digest: s.tr.sum(), Violations: s.viol,
-		Failovers: s.counters[cFailover], LeadershipChanges: s.inv.changes,
-		TrueMaxUnavailableMS: msOf(s.inv.maxGap), TrueUnavailableMS: msOf(s.inv.totalGap),
-		Outages: s.inv.outages, Takeovers: s.inv.takeovers,
-		Fsync: s.cfg.Fsync.String(), Faults: FormatFaults(s.faults),
-	}
-	total, longest := s.recordView()
-	r.UnavailableMS, r.MaxUnavailableMS = msOf(total), msOf(longest)
-	if r.Violations == nil {
-		r.Violations = []Violation{}
-	}
-	if r.Outages == nil {
-		r.Outages = []Outage{}
-	}
-	if r.Takeovers == nil {
-		r.Takeovers = []Takeover{}
-	}
-	if wall > 0 {
-		r.Speedup = s.now.Seconds() / wall.Seconds()
-	}
-	required := s.sc.required(s.rules)
-	for c := counterID(0); c < numCounters; c++ {
-		req := required[c]
-		if s.counters[c] == 0 && !req {
-			continue
-		}
-		r.Sometimes = append(r.Sometimes, Counter{Name: c.String(), Count: s.counters[c], Required: req})
-		if req && s.counters[c] == 0 {
-			r.Unexercised = append(r.Unexercised, c.String())
-		}
-	}
-	if r.Sometimes == nil {
-		r.Sometimes = []Counter{}
-	}
-	if r.Unexercised == nil {
-		r.Unexercised = []string{}
-	}
-	return r
-}
-
+// violate reports a violation of the pair's invariants.
 func (s *sim) violate(name, format string, args ...any) {
-	v := Violation{Invariant: name, At: s.now.Seconds(), Detail: fmt.Sprintf(format, args...)}
-	s.viol = append(s.viol, v)
-	s.tr.bytes([]byte(name))
-	s.log.Warn("invariant violated", "invariant", name, "at", s.now, "detail", v.Detail)
-	s.tracef("!!", "VIOLATION %s: %s", name, v.Detail)
-	if s.cfg.StopAtFirstViolation {
-		s.stopNow = true
+	v := Violation{Invariant: name, Detail: fmt.Sprintf(format, args...)}
+	if s.multi() {
+		v.Pair, v.Detail = s.rules.Pair, "pair "+s.rules.Pair+": "+v.Detail
 	}
+	s.world.violate(v)
 }
 
+// tracef writes a line of the timeline; with several pairs, who is
+// prefixed with the pair's name.
 func (s *sim) tracef(who, format string, args ...any) {
 	if s.tw == nil {
 		return
 	}
-	fmt.Fprintf(s.tw, "%10.3fs %-7s %s\n", s.now.Seconds(), who, fmt.Sprintf(format, args...))
+	if s.multi() {
+		who = s.rules.Pair + "/" + who
+	}
+	s.world.tracef(who, format, args...)
 }
 
 func (s *sim) other(n *node) *node { return s.nodes[1-n.idx] }

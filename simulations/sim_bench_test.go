@@ -2,6 +2,7 @@ package simulations
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"slices"
 	"testing"
@@ -50,12 +51,15 @@ func BenchmarkSwarm(b *testing.B) {
 
 // Planted bugs: the median number of seeds (of 10 simulated minutes) until
 // the first violation, over 21 independent seed ranges, for rules that
-// break the safety inequality (failover_timeout 2s instead of 5s) and —
+// break the safety inequality (failover_timeout 2s instead of 5s), —
 // built with -tags understudy_mutation_skipfence — for a primary that never
-// fences itself.
+// fences itself, and — built with -tags understudy_mutation_staleepoch — for
+// a lease honoured after its node's epoch was raised (db-random in node
+// mode, 5 pairs per node).
 //
 //	go test -run '^$' -bench 'BenchmarkPlantedBugs' -benchtime 1x ./simulations/
 //	go test -tags understudy_mutation_skipfence -run '^$' -bench 'BenchmarkPlantedBugs' -benchtime 1x ./simulations/
+//	go test -tags understudy_mutation_staleepoch -run '^$' -bench 'BenchmarkPlantedBugs' -benchtime 1x ./simulations/
 func BenchmarkPlantedBugs(b *testing.B) {
 	unsafe := DefaultPair()
 	unsafe.FailoverTimeout = 2 * time.Second
@@ -66,6 +70,7 @@ func BenchmarkPlantedBugs(b *testing.B) {
 	}{
 		{"unsafe-config", SwarmConfig{Rules: unsafe, AllowUnsafe: true}, true},
 		{"skipfence", SwarmConfig{}, plantedSkipFence},
+		{"staleepoch", SwarmConfig{Scenario: "db-random", Leadership: LeadershipNode, Pairs: 5}, plantedStaleEpoch},
 	}
 	for _, v := range variants {
 		if !v.active {
@@ -93,6 +98,35 @@ func BenchmarkPlantedBugs(b *testing.B) {
 				b.ReportMetric(float64(counts[len(counts)/2]), "median-seeds-to-violation")
 				b.ReportMetric(float64(counts[len(counts)-1]), "max-seeds-to-violation")
 			}
+		})
+	}
+}
+
+// Node leadership: simulated seconds per wall second with 1 and with 1,000
+// pairs per node (random schedule, 10 simulated minutes per op), and the
+// pairs' simulated seconds per wall second (pair-s: simulated time × pairs).
+//
+//	go test -run '^$' -bench 'BenchmarkNodeMode' -benchtime 1x ./simulations/
+func BenchmarkNodeMode(b *testing.B) {
+	for _, pairs := range []int{1, 1000} {
+		b.Run(fmt.Sprintf("pairs=%d", pairs), func(b *testing.B) {
+			var sim, wall float64
+			var steps uint64
+			seed := uint64(0)
+			for b.Loop() {
+				seed++
+				start := time.Now()
+				r, err := Run(Config{Scenario: "random", Seed: seed, Duration: 10 * time.Minute, Leadership: LeadershipNode, Pairs: pairs})
+				if err != nil {
+					b.Fatal(err)
+				}
+				wall += time.Since(start).Seconds()
+				sim += r.SimulatedSeconds
+				steps += r.Steps
+			}
+			b.ReportMetric(sim/wall, "sim-s/wall-s")
+			b.ReportMetric(sim*float64(pairs)/wall, "pair-s/wall-s")
+			b.ReportMetric(float64(steps)/float64(b.N), "steps/op")
 		})
 	}
 }

@@ -22,6 +22,10 @@ type SwarmConfig struct {
 	// AllowUnsafe accepts rules that break the safety inequality.
 	AllowUnsafe bool
 	Fsync       FsyncMode
+	// Leadership and Pairs: how each seed keeps leadership, and how many
+	// pairs each node hosts (see Config).
+	Leadership Leadership
+	Pairs      int
 	// Workers is how many simulations run at once; default GOMAXPROCS.
 	Workers int
 	// ShrinkBudget bounds the runs spent minimising each failing seed's
@@ -72,7 +76,7 @@ func (c SwarmConfig) SeedConfig(seed uint64) Config {
 	if sc == "" {
 		sc = "random"
 	}
-	return Config{Scenario: sc, Seed: seed, Duration: d, Rules: c.Rules, AllowUnsafe: c.AllowUnsafe, Fsync: c.Fsync}
+	return Config{Scenario: sc, Seed: seed, Duration: d, Rules: c.Rules, AllowUnsafe: c.AllowUnsafe, Fsync: c.Fsync, Leadership: c.Leadership, Pairs: c.Pairs}
 }
 
 // Swarm runs c.Seeds independent simulations on c.Workers goroutines (each
