@@ -6,8 +6,10 @@
 // projections, never the runtime.
 //
 // A run (Run) is one loop over a priority queue ordered by (virtual time,
-// sequence). Each node hosts a failover.Member and the procedure.Runner of
-// its resource, exactly as the runtime does, behind a link to the simulated
+// sequence). Each of the two nodes (world.go) hosts, exactly as the
+// runtime does, the failover.Member and the procedure.Runner of every
+// pair it serves (one by default; Config.Pairs) and, with node leadership,
+// the node's failover.NodeLiveness, behind one link to the simulated
 // server (Server: events.MemoryKV and events.MemoryLog stamped by the
 // server's virtual clock, so the conformance suite applies). Faults come
 // from a schedule (Fault, in a textual syntax ParseFaults reads) that a
