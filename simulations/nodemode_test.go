@@ -11,7 +11,7 @@ import (
 
 // nodeModeCap caps the scenarios' durations in the node-mode tests (the
 // random ones run an hour by default).
-const nodeModeCap = 5 * time.Minute
+const nodeModeCap = 4 * time.Minute
 
 // knownNodeModeFindings are violations the node-mode runs below find in
 // the member (docs/simulation.md, "Node leadership", findings), by
