@@ -247,6 +247,10 @@ type Member struct {
 	// unfencedAt (node mode): server time of the holder's unfenced value
 	// that follows a fenced one (zero: none, or it is fenced).
 	unfencedAt time.Time
+	// unfenceAcked (node mode): since this holder was last fenced, an
+	// unfenced register value of its own was acknowledged (its
+	// announcement): only then may its node's beats unfence it.
+	unfenceAcked bool
 	probedFor  uint64 // leader revision a staleness probe was written for
 	// acquireAt: no acquire before this local time. An acquire that NATS
 	// refused without showing a newer register, or that failed, waits a
@@ -617,6 +621,7 @@ func (m *Member) nextOp() uint64 { m.opSeq++; return m.opSeq }
 
 func (m *Member) fence(reason FenceReason, then AfterFence) {
 	m.syncFrom = 0
+	m.unfenceAcked = false
 	m.procSeq++
 	m.fenceFailed = false
 	m.emit(&FenceRequested{Seq: m.procSeq, Reason: reason, Term: m.term, Then: then})
@@ -1056,6 +1061,9 @@ func (m *Member) onLeaderWriteAnswered(w pendingWrite, r WriteResult) {
 		case WriteOK:
 			m.lastRev = max(m.lastRev, r.Revision)
 			m.noteWritten(w.leader, r.Revision)
+			if m.phase == PhaseSuspended && !w.leader.Fenced {
+				m.unfenceAcked = true
+			}
 			if m.opts.Node == "" || (m.phase == PhaseSuspended && !w.leader.Fenced && m.successes >= m.rules.SuccessThreshold) {
 				// Node mode: only the node's liveness writes are heartbeats,
 				// but for the announcement of an unfencing, which lands by CAS
@@ -2174,7 +2182,10 @@ func (m *Member) onLivenessResult(r LivenessResult) {
 	}
 	switch {
 	case r.Err == WriteOK && (r.Epoch == m.leaseEpoch || honourBumpedLease):
-		m.onBeatSuccess(m.written.Fenced)
+		// A suspended holder unfences only after its own unfenced value
+		// was acknowledged: its last acknowledged value may say unfenced
+		// from before it fenced while a fenced one (answer lost) stands.
+		m.onBeatSuccess(m.written.Fenced || (m.phase == PhaseSuspended && !m.unfenceAcked))
 	case r.Err == WriteConflict && r.Epoch == m.leaseEpoch:
 		// The record moved, but not past the lease (a raise this node had
 		// carried on already): neither beat nor failure.

@@ -24,6 +24,8 @@ type simulateFlags struct {
 	duration    time.Duration
 	pairConfig  string
 	allowUnsafe bool
+	leadership  string
+	pairs       int
 	faults      string
 	fsync       string
 	out         string
@@ -69,6 +71,8 @@ schedule delta debugging found. See docs/simulation.md.`,
 	fl.DurationVar(&f.duration, "duration", 0, "simulated time (default: the scenario's; 10m per seed with --swarm)")
 	fl.StringVar(&f.pairConfig, "pair-config", "", "pair file with the rules to simulate (default: DESIGN.md's defaults)")
 	fl.BoolVar(&f.allowUnsafe, "allow-unsafe-config", false, "accept rules that break the safety inequality (to watch the checker find the split brain)")
+	fl.StringVar(&f.leadership, "leadership", "per-pair", "how leadership is kept: per-pair (every pair heartbeats its register) or node (one liveness record per node, docs/failover.md)")
+	fl.IntVar(&f.pairs, "pairs", 1, "pairs each node hosts (every pair with the same rules)")
 	fl.StringVar(&f.faults, "faults", "", "fault schedule replacing the scenario's, e.g. 'partition(site-a,both)@12.5s+4s;crash(site-b)@1m'")
 	fl.StringVar(&f.fsync, "fsync", "", "simulated NATS durability: always or interval (default: always)")
 	fl.StringVar(&f.out, "out", "", "write the run's history to this file in the export format")
@@ -139,7 +143,15 @@ func runSimulate(cmd *cobra.Command, f simulateFlags, stdout, stderr io.Writer) 
 	if simulations.ScenarioByName(f.scenario) == nil {
 		return usage("unknown scenario %q; see understudy simulate --list", f.scenario)
 	}
-	cfg := simulations.Config{Scenario: f.scenario, Seed: f.seed, Duration: f.duration, Rules: rules, AllowUnsafe: f.allowUnsafe, Fsync: fsync}
+	lead, err := simulations.ParseLeadership(f.leadership)
+	if err != nil {
+		return fmt.Errorf("--leadership: %w", err)
+	}
+	if f.pairs < 1 {
+		return fmt.Errorf("--pairs = %d: must be at least 1", f.pairs)
+	}
+	cfg := simulations.Config{Scenario: f.scenario, Seed: f.seed, Duration: f.duration, Rules: rules, AllowUnsafe: f.allowUnsafe, Fsync: fsync,
+		Leadership: lead, Pairs: f.pairs}
 	if set("faults") {
 		fs, err := simulations.ParseFaults(f.faults, rules.Primary, rules.Replica)
 		if err != nil {
@@ -307,6 +319,14 @@ func runSwarm(cmd *cobra.Command, f simulateFlags, rules failover.Rules, fsync s
 		Seeds: f.seeds, FirstSeed: f.firstSeed, Duration: f.duration, Rules: rules, AllowUnsafe: f.allowUnsafe,
 		Fsync: fsync, Workers: f.workers, ShrinkBudget: f.shrink, PairConfig: f.pairConfig,
 	}
+	lead, err := simulations.ParseLeadership(f.leadership)
+	if err != nil {
+		return fmt.Errorf("--leadership: %w", err)
+	}
+	if f.pairs < 1 {
+		return fmt.Errorf("--pairs = %d: must be at least 1", f.pairs)
+	}
+	sc.Leadership, sc.Pairs = lead, f.pairs
 	if sc.Duration == 0 {
 		sc.Duration = 10 * time.Minute
 	}
