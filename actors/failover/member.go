@@ -251,7 +251,7 @@ type Member struct {
 	// unfenced register value of its own was acknowledged (its
 	// announcement): only then may its node's beats unfence it.
 	unfenceAcked bool
-	probedFor  uint64 // leader revision a staleness probe was written for
+	probedFor    uint64 // leader revision a staleness probe was written for
 	// acquireAt: no acquire before this local time. An acquire that NATS
 	// refused without showing a newer register, or that failed, waits a
 	// heartbeat_timeout: retrying at once could only loop.
