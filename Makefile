@@ -48,3 +48,11 @@ bench-sidebyside:
 
 clean:
 	rm -rf bin
+
+# Many pairs over two member nodes and one store (issue 16): a steady phase
+# with no fault, and with KILL=1 the death of the node leading every pair.
+# PAIRS ("300 600"), MODE (per-pair|node|both), DURATION (60s), KILL, REV:
+# see scripts/bench-pairs.sh.
+.PHONY: bench-pairs
+bench-pairs:
+	./scripts/bench-pairs.sh

@@ -1,0 +1,37 @@
+// Command pairs measures many failover pairs on two member nodes: the
+// steady state of N pairs with no fault at all (do they all keep serving
+// on their preferred primary, what does leadership cost the store and each
+// node), and, with -kill, the death of the node that leads them all (how
+// long until the last pair serves on the other node, and did any pair have
+// two serving members).
+//
+// It drives the real binary: it writes the node files, starts `understudy
+// serve` processes, and reads only what an operator could read — the
+// failover bucket, the events stream, each node's /metrics, and /proc.
+// The default topology separates the store from the members, so that each
+// figure belongs to one process:
+//
+//	store   understudy serve with no pairs: only the embedded NATS
+//	        (synchronous writes, the default), the node a witness is
+//	site-a  N members, the preferred primary of every pair, nats.url → store
+//	site-b  N members, the replica of every pair, nats.url → store
+//
+// -topology embedded runs the deployment issue 16 first measured instead:
+// site-a embeds the NATS server and site-b connects to it (no -kill then:
+// killing site-a kills the store).
+//
+// The harness reads the registers with direct gets (multi_last), never
+// through a consumer: nats-server allows 1,000 consumers per stream by
+// default, and with per-pair leadership the members' own watches (one per
+// member) take all of them from 500 pairs on. Only the replay at the end
+// reads through consumers, after the members are stopped. -mode writes
+// `leadership: <mode>` into the member node files; without it no key is
+// written, which is what binaries before node leadership accept.
+//
+// It lives in a module of its own (go.mod here, understudy replaced by the
+// repository) so that the layering test of the main module, which knows
+// only DESIGN.md's folders, does not see it. scripts/bench-pairs.sh builds
+// both binaries (with a go.mod generated from the measured revision's) and
+// loops over pair counts and modes; the figures belong in
+// docs/benchmarks.md.
+package main
