@@ -107,6 +107,8 @@ type Host struct {
 	liveness *actor.PID
 	raises   *raiseDeduper
 	publish  chan struct{}
+	// writes bounds the members' KV writes in flight.
+	writes chan struct{}
 
 	mu       sync.Mutex
 	slots    []*memberSlot
@@ -220,6 +222,7 @@ func (h *Host) spawn(sl *memberSlot) {
 	if h.leadership == LeadershipNode {
 		deps.watch, deps.raises, deps.publish = h.watch, h.raises, h.publish
 	}
+	deps.writes = h.writes
 	id := sl.cfg.Rules.Pair + "." + sl.cfg.Site
 	if gen > 1 {
 		id = fmt.Sprintf("%s.%d", id, gen)
@@ -317,9 +320,10 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 			return nil, err
 		}
 	}
-	h := &Host{Log: evlog, KV: kv, logger: logger, metrics: opts.Metrics,
+	h := &Host{Log: boundedLog{Log: evlog, sem: make(chan struct{}, maxAppends)}, KV: kv, logger: logger, metrics: opts.Metrics,
 		lvcfg: opts.LibvirtDriver, observe: opts.Observe, trust: opts.Trust, adding: map[string]bool{},
-		node: opts.Node, leadership: leadership, health: newStoreHealth(logger.With("component", "store-health"), opts.Metrics)}
+		node: opts.Node, leadership: leadership, health: newStoreHealth(logger.With("component", "store-health"), opts.Metrics),
+		writes: make(chan struct{}, maxMemberWrites)}
 	if err := h.checkStore(ctx, members); err != nil {
 		return nil, err
 	}
@@ -360,6 +364,50 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 		logger.Info("members started", "members", len(slots))
 	}
 	return h, nil
+}
+
+// A host bounds what its members have in flight at the store: when many
+// members act at once (a node's pairs all failing over), thousands of
+// register writes and event appends would queue ahead of the node's own
+// liveness write, which would then miss its deadline and make every member
+// of the node count a failed heartbeat — overload turned into failure. The
+// node's liveness writes are not bounded. A member write that waits past
+// its deadline counts as failed, as any write lost; an append waits
+// within its own timeout and is retried.
+const (
+	maxMemberWrites = 64
+	maxAppends      = 64
+)
+
+// boundedLog is a host's event log with its appends in flight bounded.
+type boundedLog struct {
+	events.Log
+	sem chan struct{}
+}
+
+func (l boundedLog) acquire(ctx context.Context) error {
+	select {
+	case l.sem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (l boundedLog) Append(ctx context.Context, subject string, ev events.Event, opts events.AppendOptions) (events.Ack, error) {
+	if err := l.acquire(ctx); err != nil {
+		return events.Ack{}, err
+	}
+	defer func() { <-l.sem }()
+	return l.Log.Append(ctx, subject, ev, opts)
+}
+
+func (l boundedLog) AppendRaw(ctx context.Context, subject string, data []byte, opts events.AppendOptions) (events.Ack, error) {
+	if err := l.acquire(ctx); err != nil {
+		return events.Ack{}, err
+	}
+	defer func() { <-l.sem }()
+	return l.Log.AppendRaw(ctx, subject, data, opts)
 }
 
 // checkStore probes the store's write rate (StoreProbe) and refuses, with

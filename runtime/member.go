@@ -87,6 +87,9 @@ type MemberDeps struct {
 	// health, when set, gets the answer time of every write (per-pair
 	// leadership: the members' writes are the node's heartbeats).
 	health *storeHealth
+	// writes, when set, bounds the KV writes the host's members have in
+	// flight (see maxMemberWrites).
+	writes chan struct{}
 }
 
 // MemberSnapshot is a member's state as its node's HTTP endpoints report
@@ -536,6 +539,14 @@ func (a *memberActor) write(w failover.Write) {
 	var rev uint64
 	var err error
 	began := time.Now()
+	if a.deps.writes != nil {
+		select {
+		case a.deps.writes <- struct{}{}:
+			defer func() { <-a.deps.writes }()
+		case <-ctx.Done():
+			return // not issued before its deadline: the member counts it failed
+		}
+	}
 	switch {
 	case w.Put:
 		rev, err = a.deps.KV.Put(ctx, w.Key, w.Value)
