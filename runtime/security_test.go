@@ -560,13 +560,22 @@ func TestSecuredCluster(t *testing.T) {
 
 	t.Run("assets are R3", func(t *testing.T) {
 		for _, st := range []string{"KV_" + names.FailoverBucket, "KV_" + names.FleetBucket, names.EventsStream} {
-			ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			s, err := reader.js.Stream(ctx, st)
-			cancel()
-			if err != nil {
-				t.Fatalf("stream %s: %v", st, err)
+			// A stream may be between leaders (an election on a loaded
+			// machine takes seconds): ask again until one leads, 15 s at most.
+			var info *jetstream.StreamInfo
+			for deadline := time.Now().Add(15 * time.Second); ; {
+				ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				s, err := reader.js.Stream(ctx, st)
+				cancel()
+				if err != nil {
+					t.Fatalf("stream %s: %v", st, err)
+				}
+				info = s.CachedInfo()
+				if (info.Cluster != nil && info.Cluster.Leader != "") || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(200 * time.Millisecond)
 			}
-			info := s.CachedInfo()
 			if info.Config.Replicas != 3 || info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != 2 {
 				t.Errorf("stream %s: replicas %d, cluster %+v; want 3 replicas, a leader and two followers", st, info.Config.Replicas, info.Cluster)
 			}
@@ -642,7 +651,14 @@ func TestSecuredCluster(t *testing.T) {
 		if err := node.nc.Flush(); err != nil {
 			t.Fatal(err)
 		}
-		if m, err := op.nc.Request("device-commands.a.ping", nil, 5*time.Second); err != nil || string(m.Data) != "pong" {
+		// The subscription's interest reaches the operator's server over a
+		// route some time after the flush: no responders until then.
+		reply, err := op.nc.Request("device-commands.a.ping", nil, 5*time.Second)
+		for deadline := time.Now().Add(10 * time.Second); errors.Is(err, nats.ErrNoResponders) && time.Now().Before(deadline); {
+			time.Sleep(100 * time.Millisecond)
+			reply, err = op.nc.Request("device-commands.a.ping", nil, 5*time.Second)
+		}
+		if err != nil || string(reply.Data) != "pong" {
 			t.Errorf("operator's device command: %v", err)
 		}
 		// The node's agent answers the operator's command, and runs the
