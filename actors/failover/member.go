@@ -1202,7 +1202,14 @@ func (m *Member) onLeaderWriteFailed(w pendingWrite, why string) {
 		}
 		m.successes = 0
 		m.failures++
-		m.emit(&HeartbeatFailed{Term: m.term, Failures: m.failures, Cause: why})
+		if m.opts.Node == "" || m.failures <= m.rules.FailureThreshold {
+			// Node mode: a failed liveness write is its node's, and every
+			// holder of the node sees it; past the fence the holders stop
+			// recording each one (HeartbeatRecovered says how many), so an
+			// outage of the store does not bring an append per holder per
+			// heartbeat upon it.
+			m.emit(&HeartbeatFailed{Term: m.term, Failures: m.failures, Cause: why})
+		}
 		if m.failures < m.rules.FailureThreshold {
 			return
 		}
