@@ -253,55 +253,80 @@ func TestNodeModeShortCutMovesNothing(t *testing.T) {
 	}
 }
 
+// nodeDriver drives one node-mode member by hand: it records what the
+// member asks and completes every procedure at once.
+type nodeDriver struct {
+	m      *Member
+	writes []Write
+	events []events.Event
+	fences int
+}
+
+func (d *nodeDriver) feed(now time.Duration, rd Ready) {
+	d.writes = append(d.writes, rd.Writes...)
+	d.events = append(d.events, rd.Events...)
+	for _, p := range rd.Procedures {
+		if p.Kind == ProcFence {
+			d.fences++
+		}
+		d.feed(now, d.m.Step(now, ProcedureResult{Kind: p.Kind, Seq: p.Seq, OK: true}))
+	}
+}
+
+func (d *nodeDriver) find(kind WriteKind) (Write, bool) {
+	for _, w := range d.writes {
+		if w.Kind == kind {
+			return w, true
+		}
+	}
+	return Write{}, false
+}
+
+// bootstrapLeader makes the preferred primary of DefaultRules("p0", "a",
+// "b") on node-a take the register nobody held and serve; it returns the
+// driver and the local time it serves at (its node's liveness: epoch 1).
+func bootstrapLeader(t *testing.T) (*nodeDriver, time.Duration) {
+	t.Helper()
+	m, err := NewMember("a", DefaultRules("p0", "a", "b"), Options{Node: "node-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &nodeDriver{m: m}
+	d.feed(0, m.Start(0))
+	d.feed(0, m.Step(0, Synced{}))
+	d.feed(0, m.Step(0, LivenessResult{Err: WriteOK, Epoch: 1, Revision: 1}))
+	now := time.Duration(0)
+	for ; now < 5*time.Second; now += 10 * time.Millisecond {
+		if _, ok := d.find(WriteAcquire); ok {
+			break
+		}
+		d.feed(now, m.Step(now, Tick{}))
+	}
+	acq, ok := d.find(WriteAcquire)
+	if !ok || acq.Leader.Node != "node-a" || acq.Leader.Epoch != 1 {
+		t.Fatalf("bootstrap acquire: %+v (found %v)", acq, ok)
+	}
+	d.feed(now, m.Step(now, WriteResult{Op: acq.Op, Err: WriteOK, Revision: 2}))
+	d.feed(now, m.Step(now, LivenessResult{Err: WriteOK, Epoch: 1, Revision: 3}))
+	if !m.Serving() {
+		t.Fatalf("phase %v after the bootstrap; want leader", m.Phase())
+	}
+	d.writes, d.events, d.fences = nil, nil, 0
+	return d, now
+}
+
 // A holder whose node's liveness writer stops answering (while the member
 // runs) fences within (failure_threshold+1) × heartbeat_timeout of its last
 // answer: the member counts the silence as failed writes.
 func TestNodeModeSilentWriterFences(t *testing.T) {
-	r := DefaultRules("p0", "a", "b")
-	m, err := NewMember("a", r, Options{Node: "node-a"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var writes []Write
-	var procs []Procedure
-	var step func(now time.Duration, rd Ready)
-	step = func(now time.Duration, rd Ready) {
-		writes = append(writes, rd.Writes...)
-		procs = append(procs, rd.Procedures...)
-		for _, p := range rd.Procedures {
-			step(now, m.Step(now, ProcedureResult{Kind: p.Kind, Seq: p.Seq, OK: true}))
-		}
-	}
-	step(0, m.Start(0))
-	step(0, m.Step(0, Synced{}))
-	step(0, m.Step(0, LivenessResult{Err: WriteOK, Epoch: 1, Revision: 1}))
-	var acq Write
-	now := time.Duration(0)
-	for ; now < 5*time.Second && acq.Op == 0; now += 10 * time.Millisecond {
-		step(now, m.Step(now, Tick{}))
-		for _, w := range writes {
-			if w.Kind == WriteAcquire {
-				acq = w
-			}
-		}
-	}
-	if acq.Op == 0 || acq.Leader.Node != "node-a" || acq.Leader.Epoch != 1 {
-		t.Fatalf("bootstrap acquire: %+v", acq)
-	}
-	step(now, m.Step(now, WriteResult{Op: acq.Op, Err: WriteOK, Revision: 2}))
-	step(now, m.Step(now, LivenessResult{Err: WriteOK, Epoch: 1, Revision: 3}))
-	if !m.Serving() {
-		t.Fatalf("phase %v after promote; want leader", m.Phase())
-	}
+	d, now := bootstrapLeader(t)
+	r := d.m.Rules()
 	last := now
-	procs = nil
 	fenced := time.Duration(0)
 	for ; now < last+10*time.Second && fenced == 0; now += 10 * time.Millisecond {
-		step(now, m.Step(now, Tick{}))
-		for _, p := range procs {
-			if p.Kind == ProcFence {
-				fenced = now - last
-			}
+		d.feed(now, d.m.Step(now, Tick{}))
+		if d.fences > 0 {
+			fenced = now - last
 		}
 	}
 	bound := time.Duration(r.FailureThreshold+1) * r.HeartbeatTimeout
