@@ -129,6 +129,13 @@ type NodeReady struct {
 // NodeLiveness writes one node's liveness record: every interval, by
 // compare-and-set on its own last write. It is a pure machine like Member:
 // Step takes an input with the local monotonic time, performs no I/O.
+//
+// Its first write carries on the epoch of the record as observed before
+// Synced. When the record's latest value is not genuine (Forged: a value
+// no node signed, or one that does not decode), the host must first hand
+// it the latest genuine value of the key's history, then the latest
+// value (whose revision the compare-and-set expects): from the forged
+// value alone it could not know the epoch, and would write a lower one.
 type NodeLiveness struct {
 	node     string
 	interval time.Duration

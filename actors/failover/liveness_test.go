@@ -70,3 +70,17 @@ func TestNodeLivenessWriter(t *testing.T) {
 		t.Fatal("a write that timed out must make the node degraded")
 	}
 }
+
+// The host hands the writer the latest genuine value before a forged
+// latest one: it carries on the genuine epoch and expects the forged
+// value's revision.
+func TestNodeLivenessForgedLatestRecord(t *testing.T) {
+	n := NewNodeLiveness("node-a", time.Second)
+	n.Start(0)
+	n.Step(0, LivenessObserved{Node: "node-a", Entry: LivenessEntry{Rev: 10, Value: Liveness{Node: "node-a", Epoch: 5, Beat: 9, By: "node-a"}}})
+	n.Step(0, LivenessObserved{Node: "node-a", Entry: LivenessEntry{Rev: 11, Value: Liveness{Node: "node-a", Epoch: 1, By: "node-a"}, Forged: true}})
+	r := n.Step(0, Synced{})
+	if len(r.Writes) != 1 || r.Writes[0].Live.Epoch != 5 || r.Writes[0].ExpectRev != 11 {
+		t.Fatalf("first write after a forged latest value: %+v; want epoch 5 expecting revision 11", r.Writes)
+	}
+}
