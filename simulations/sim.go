@@ -635,8 +635,9 @@ func (s *sim) serverWrite(n *node, ref int32) {
 // fanOut queues a new entry of the pair's keys on every established watch.
 func (s *sim) fanOut(rev uint64, in failover.Input) { s.broadcast(s.pi, rev, in) }
 
-// atMember handles a message that reached a member (its machine has
-// checked that the member runs and is not paused).
+// atMember handles an answer that reached a member: its write's result or
+// its append's ack (its machine has checked that the member runs and is
+// not paused, and delivers the watch's entries itself: atNode).
 func (s *sim) atMember(n *node, it item) {
 	m := &s.msgs[it.ref]
 	switch m.kind {
@@ -645,17 +646,6 @@ func (s *sim) atMember(n *node, it item) {
 		s.release(it.ref)
 		s.onWriteResult(n, &res)
 		s.step(n, res)
-	case mEntry:
-		rev, in := m.rev, m.in
-		s.release(it.ref)
-		if rev <= n.deliveredRev {
-			return // the watch resumed and delivered it already
-		}
-		n.deliveredRev = rev
-		s.step(n, in)
-	case mSynced:
-		s.release(it.ref)
-		s.step(n, failover.Synced{})
 	case mAppendAck:
 		stream, attempt := int(m.stream), m.attempt
 		last, id, code := m.last, m.id, m.code

@@ -739,9 +739,9 @@ func (w *world) reply(m *machine, ref int32, out failover.WriteResult) {
 	w.send(m, false, ref)
 }
 
-// atNode handles a message that reached a machine: a member's, or the
-// machine's own (its watch's liveness records and Synced, its liveness
-// writer's answers).
+// atNode handles a message that reached a machine: its watch's entries
+// (for the member of their pair, or for all) and Synced, a member's
+// answers, its liveness writer's answers.
 func (w *world) atNode(m *machine, it item) {
 	mg := &w.msgs[it.ref]
 	var s *sim
@@ -758,29 +758,32 @@ func (w *world) atNode(m *machine, it item) {
 		m.deferred = append(m.deferred, it)
 		return
 	}
-	if n != nil {
-		s.atMember(n, it)
-		return
-	}
-	switch mg.kind {
-	case mWriteResult:
-		res := mg.res
-		w.release(it.ref)
-		if m.live != nil {
-			w.onLiveResult(m, &res)
-			w.liveStep(m, res)
-		}
-	case mEntry:
+	switch {
+	case mg.kind == mEntry:
+		// The machine's one watch: an entry for a member, or for all.
 		rev, in := mg.rev, mg.in
 		w.release(it.ref)
 		if rev <= m.deliveredRev {
 			return // the watch resumed and delivered it already
 		}
 		m.deliveredRev = rev
-		w.deliverAll(m, in)
-	case mSynced:
+		if n != nil {
+			s.step(n, in)
+		} else {
+			w.deliverAll(m, in)
+		}
+	case mg.kind == mSynced:
 		w.release(it.ref)
 		w.deliverAll(m, failover.Synced{})
+	case n != nil:
+		s.atMember(n, it)
+	case mg.kind == mWriteResult:
+		res := mg.res
+		w.release(it.ref)
+		if m.live != nil {
+			w.onLiveResult(m, &res)
+			w.liveStep(m, res)
+		}
 	default:
 		w.release(it.ref)
 	}
