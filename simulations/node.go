@@ -8,11 +8,37 @@ import (
 	"understudy/events"
 )
 
-// pendingWrite remembers a write a member issued, to notice late answers.
+// pendingWrite remembers a write a member or a liveness writer issued, to
+// notice late answers.
 type pendingWrite struct {
 	op       uint64
 	deadline time.Duration
 	kind     failover.WriteKind
+}
+
+// remember keeps write wr in ring, in place of the oldest (*next counts
+// the writes issued).
+func remember(ring []pendingWrite, next *int, wr *failover.Write) {
+	ring[*next%len(ring)] = pendingWrite{op: wr.Op, deadline: wr.Deadline, kind: wr.Kind}
+	*next++
+}
+
+// answered finds the write r answers in ring (a machine's or a member's),
+// forgets it and counts a late answer by the machine's clock; false: not
+// remembered.
+func (w *world) answered(m *machine, ring []pendingWrite, r *failover.WriteResult) (pendingWrite, bool) {
+	for i := range ring {
+		p := ring[i]
+		if p.op != r.Op || p.op == 0 {
+			continue
+		}
+		if r.Err == failover.WriteOK && m.clk.local(w.now) > p.deadline {
+			w.count(cLateAck)
+		}
+		ring[i].op = 0
+		return p, true
+	}
+	return pendingWrite{}, false
 }
 
 // appender is the runtime's event appender: one append in flight per
@@ -223,26 +249,19 @@ func (s *sim) entryInput(e events.Entry) failover.Input {
 
 // onWriteResult notices, before the member does, what a write's answer says.
 func (s *sim) onWriteResult(n *node, r *failover.WriteResult) {
-	for i := range n.pending {
-		p := &n.pending[i]
-		if p.op != r.Op || p.op == 0 {
-			continue
-		}
-		if r.Err == failover.WriteOK && n.clk.local(s.now) > p.deadline {
-			s.count(cLateAck)
-		}
-		if p.kind == failover.WriteBeat && r.Err == failover.WriteConflict && r.Current != nil &&
-			r.Current.Value.Site == n.site && r.Current.Value.Term == n.m.Term() {
-			s.count(cOwnLateWrite)
-		}
-		if p.kind == failover.WriteBump && r.Err == failover.WriteConflict && r.CurrentLive != nil && r.CurrentLive.Value.Own() {
-			// Node leadership: the raise of a stale holder node's epoch
-			// found that the node had written since — the takeover's first
-			// compare-and-set is the one that rejects a lagging follower.
-			s.count(cPromotionRejected)
-		}
-		p.op = 0
+	p, ok := s.answered(n.machine, n.pending[:], r)
+	if !ok {
 		return
+	}
+	if p.kind == failover.WriteBeat && r.Err == failover.WriteConflict && r.Current != nil &&
+		r.Current.Value.Site == n.site && r.Current.Value.Term == n.m.Term() {
+		s.count(cOwnLateWrite)
+	}
+	if p.kind == failover.WriteBump && r.Err == failover.WriteConflict && r.CurrentLive != nil && r.CurrentLive.Value.Own() {
+		// Node leadership: the raise of a stale holder node's epoch
+		// found that the node had written since — the takeover's first
+		// compare-and-set is the one that rejects a lagging follower.
+		s.count(cPromotionRejected)
 	}
 }
 

@@ -557,8 +557,7 @@ func msgID(subject string, last uint64, nonce, event string) string {
 
 func (s *sim) sendWrite(n *node, w *failover.Write) {
 	s.inv.writeIssued(s, n)
-	n.pending[n.pendingNext%len(n.pending)] = pendingWrite{op: w.Op, deadline: w.Deadline, kind: w.Kind}
-	n.pendingNext++
+	remember(n.pending[:], &n.pendingNext, w)
 	ref := s.alloc(msg{kind: mWrite, inc: n.inc, write: *w, sent: s.now, effect: n.available(), pair: s.pi})
 	s.send(n.machine, true, ref)
 }

@@ -826,8 +826,7 @@ func (w *world) liveStep(m *machine, in failover.Input) {
 func (w *world) liveHandle(m *machine, r failover.NodeReady) {
 	for i := range r.Writes {
 		wr := &r.Writes[i]
-		m.livePending[m.liveNext%len(m.livePending)] = pendingWrite{op: wr.Op, deadline: wr.Deadline, kind: wr.Kind}
-		m.liveNext++
+		remember(m.livePending[:], &m.liveNext, wr)
 		w.send(m, true, w.alloc(msg{kind: mWrite, inc: m.inc, write: *wr, sent: w.now, pair: all}))
 	}
 	for _, res := range r.Results {
@@ -858,20 +857,12 @@ func (w *world) armLive(m *machine) {
 // onLiveResult notices, before the liveness writer does, what an answer
 // says: a late one, or a conflict with its own late write.
 func (w *world) onLiveResult(m *machine, r *failover.WriteResult) {
-	for i := range m.livePending {
-		p := &m.livePending[i]
-		if p.op != r.Op || p.op == 0 {
-			continue
-		}
-		if r.Err == failover.WriteOK && m.clk.local(w.now) > p.deadline {
-			w.count(cLateAck)
-		}
-		if r.Err == failover.WriteConflict && r.CurrentLive != nil && r.CurrentLive.Value.Own() && r.CurrentLive.Value.Node == m.name &&
-			r.CurrentLive.Value.Epoch == m.live.Epoch() {
-			w.count(cOwnLateWrite)
-		}
-		p.op = 0
+	if _, ok := w.answered(m, m.livePending[:], r); !ok {
 		return
+	}
+	if r.Err == failover.WriteConflict && r.CurrentLive != nil && r.CurrentLive.Value.Own() && r.CurrentLive.Value.Node == m.name &&
+		r.CurrentLive.Value.Epoch == m.live.Epoch() {
+		w.count(cOwnLateWrite)
 	}
 }
 
