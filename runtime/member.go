@@ -187,6 +187,7 @@ type memberActor struct {
 	fed        map[string]uint64 // the pair's keys: the latest revision of each handed over (under feedMu)
 	watched    bool              // a watch delivered its initial values (under feedMu)
 	bridging   atomic.Bool       // the watch lags: read the pair's keys directly (bridge)
+	inbox      memberInbox       // leadership: node: what the node's watch hands over
 	// Under feedMu: session numbers the watches (one per Watch); regSession
 	// is the session that handed over the latest register entry (0: a
 	// direct read did), and genuine the latest genuine entry handed over
@@ -620,8 +621,18 @@ func (a *memberActor) raise(w failover.Write, value []byte) {
 	a.engine.Send(a.pid, memberInput{res})
 }
 
-// send hands the member an input (the node's watch and liveness actor do).
-func (a *memberActor) send(in failover.Input) { a.engine.Send(a.pid, memberInput{in}) }
+// deliver hands the member what the node's watch handed over (through
+// its memberInbox).
+func (a *memberActor) deliver(d delivery) {
+	switch {
+	case d.e.Key != "":
+		a.feed(d.e, d.session)
+	case d.synced:
+		a.markSynced()
+	default:
+		a.engine.Send(a.pid, memberInput{d.in})
+	}
+}
 
 // markSynced tells the member its keys' initial values were delivered:
 // Synced the first time, Resynced after.

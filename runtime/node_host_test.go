@@ -630,3 +630,48 @@ func TestLivenessSignatures(t *testing.T) {
 		t.Error("a register value verifies as a liveness value")
 	}
 }
+
+// slowHistoryKV holds every read of a pair key's history until its
+// context ends (a store that answers history reads slowly).
+type slowHistoryKV struct {
+	events.KV
+	reads atomic.Int64
+}
+
+func (k *slowHistoryKV) History(ctx context.Context, key string) ([]events.Entry, error) {
+	if failover.LivenessNode(key) != "" {
+		return k.KV.History(ctx, key)
+	}
+	k.reads.Add(1)
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// A member that reads its register's history (here: a value that does not
+// decode) reads it on its own time: the node's watch, its other members
+// and its liveness writer go on meanwhile.
+func TestMemberHistoryReadHoldsUpNoOtherMember(t *testing.T) {
+	t.Parallel()
+	fn := startFailoverNATS(t)
+	pairs := nodePairs(t, "node-hist", 2)
+	tr := newTransitions()
+	slow := &slowHistoryKV{}
+	hostNode(t, fn, "node-b", "site-b", pairs, tr, nil, nil)
+	hostNode(t, fn, "node-a", "site-a", pairs, tr, nil, func(o *HostOptions) {
+		o.wrapKV = func(kv events.KV) events.KV { slow.KV = kv; return slow }
+	})
+	for _, r := range pairs {
+		tr.waitPair(t, r.Pair, r.Primary, "failover.serving_started", 1, 10*time.Second)
+	}
+	if _, err := fn.kv.Put(context.Background(), failover.LeaderKey(pairs[0].Pair), []byte{0xc1}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(15 * pairs[1].HeartbeatTimeout)
+	if slow.reads.Load() == 0 {
+		t.Fatal("no member read the register's history")
+	}
+	other := pairs[1].Pair
+	if n := tr.countPair(other, "failover.heartbeat_failed") + tr.countPair(other, "failover.leadership_lost"); n != 0 {
+		t.Errorf("pair %s, whose register nobody touched: %d failed heartbeats or lost leaderships while another pair's member read its history", other, n)
+	}
+}

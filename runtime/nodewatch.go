@@ -151,7 +151,7 @@ func (w *nodeWatch) markSynced() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, a := range w.members {
-		a.markSynced()
+		a.inbox.synced(a)
 	}
 	if w.liveness != nil {
 		if w.synced {
@@ -189,7 +189,7 @@ func (w *nodeWatch) route(e events.Entry, session uint64) {
 	}
 	keys[e.Key] = e
 	for _, a := range w.byPair[pair] {
-		a.feed(e, session)
+		a.inbox.entry(a, e, session)
 	}
 }
 
@@ -208,7 +208,7 @@ func (w *nodeWatch) routeLive(node string, e events.Entry) {
 	w.live[node] = le
 	in := failover.LivenessObserved{Node: node, Entry: le}
 	for _, a := range w.members {
-		a.send(in)
+		a.inbox.input(a, in)
 	}
 	if node == w.node && w.liveness != nil {
 		w.toLiveness(le)
@@ -268,13 +268,13 @@ func (w *nodeWatch) subscribe(a *memberActor) {
 	}
 	slices.SortFunc(es, func(x, y events.Entry) int { return cmp.Compare(x.Revision, y.Revision) })
 	for _, e := range es {
-		a.feed(e, 0) // not contiguous with what the watch delivered before
+		a.inbox.entry(a, e, 0) // not contiguous with what the watch delivered before
 	}
 	for node, le := range w.live {
-		a.send(failover.LivenessObserved{Node: node, Entry: le})
+		a.inbox.input(a, failover.LivenessObserved{Node: node, Entry: le})
 	}
 	if w.synced {
-		a.markSynced()
+		a.inbox.synced(a)
 	}
 }
 
@@ -315,7 +315,7 @@ func (w *nodeWatch) broadcast(in failover.Input) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, a := range w.members {
-		a.send(in)
+		a.inbox.input(a, in)
 	}
 }
 
@@ -391,7 +391,7 @@ func (w *nodeWatch) bridge() {
 		w.mu.Lock()
 		if w.synced {
 			for _, a := range w.members {
-				a.markSynced()
+				a.inbox.synced(a)
 			}
 			if w.liveness != nil {
 				w.liveness(failover.Resynced{})
@@ -424,5 +424,69 @@ func (w *nodeWatch) bridge() {
 				w.route(e, 0)
 			}
 		}
+	}
+}
+
+// memberInbox is what the node's watch hands one member (its pair's keys,
+// liveness records and results, Synced), in the order handed over,
+// without the watch waiting on the member: handing over a pair's key may
+// read the register's history (a value that does not decode, or that is
+// not a holder's own, after a fresh watch), which must hold up neither the
+// watch, nor the node's other members, nor its liveness writer (whose
+// results the watch broadcasts). A pair's key is handed over by a
+// goroutine of the member's, started when needed; the rest is sent at once
+// unless that goroutine has some of the member's deliveries left, then
+// queued behind them. Safe for concurrent use; the zero value is ready.
+type memberInbox struct {
+	mu    sync.Mutex
+	queue []delivery
+	busy  bool // a goroutine drains queue
+}
+
+// delivery is one hand-over: a pair's key e (Key set, from watch session),
+// an input, or Synced.
+type delivery struct {
+	e       events.Entry
+	session uint64
+	in      failover.Input
+	synced  bool
+}
+
+func (b *memberInbox) entry(a *memberActor, e events.Entry, session uint64) {
+	b.put(a, delivery{e: e, session: session})
+}
+
+func (b *memberInbox) input(a *memberActor, in failover.Input) { b.put(a, delivery{in: in}) }
+
+func (b *memberInbox) synced(a *memberActor) { b.put(a, delivery{synced: true}) }
+
+func (b *memberInbox) put(a *memberActor, d delivery) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.busy && d.e.Key == "" {
+		a.deliver(d) // quick, and nothing of the member's waits: in order
+		return
+	}
+	b.queue = append(b.queue, d)
+	if !b.busy {
+		b.busy = true
+		go b.drain(a)
+	}
+}
+
+// drain hands the queue over in order until it is empty.
+func (b *memberInbox) drain(a *memberActor) {
+	for {
+		b.mu.Lock()
+		if len(b.queue) == 0 || a.ctx.Err() != nil {
+			b.queue, b.busy = nil, false
+			b.mu.Unlock()
+			return
+		}
+		d := b.queue[0]
+		b.queue[0] = delivery{}
+		b.queue = b.queue[1:]
+		b.mu.Unlock()
+		a.deliver(d)
 	}
 }
