@@ -546,6 +546,25 @@ func (s *sim) retryLater(n *node, stream int) {
 	a.backoff = min(2*a.backoff, appendTimeout)
 }
 
+// appenderTimer handles an appender's timer: its attempt timed out
+// (evAppendTimeout) or the backoff after a failed one ended
+// (evAppendRetry). gen is the attempt it was set for.
+func (s *sim) appenderTimer(n *node, stream int, it item) {
+	a := &n.apps[stream]
+	switch {
+	case !n.alive || a.attempt != it.gen:
+	case it.kind == evAppendTimeout && a.inflight:
+		// The runtime's attempt ends with its context: a failed
+		// attempt, retried after the backoff.
+		a.inflight = false
+		s.count(cAppendRetried)
+		s.retryLater(n, stream)
+	case it.kind == evAppendRetry && a.waiting:
+		a.waiting = false
+		s.pump(n, stream)
+	}
+}
+
 // appRef is the ref of an appender's queue items: its stream and pair.
 func (s *sim) appRef(stream int) int32 { return int32(stream) | s.pi<<1 }
 

@@ -281,34 +281,14 @@ func (w *world) dispatch(it item) int32 {
 		w.release(it.ref)
 		s.step(n, failover.ProcedureResult{Kind: failover.ProcKind(d.Kind), Seq: d.Seq, OK: d.OK, Detail: d.Detail})
 		return s.pi
-	case evAppendTimeout:
+	case evAppendTimeout, evAppendRetry:
 		s, stream := w.pairs[it.ref>>1], int(it.ref&1)
 		n := s.nodes[it.node]
 		if n.paused {
 			n.deferred = append(n.deferred, it)
 			return s.pi
 		}
-		a := &n.apps[stream]
-		if n.alive && a.inflight && a.attempt == it.gen {
-			// The runtime's attempt ends with its context: a failed
-			// attempt, retried after the backoff.
-			a.inflight = false
-			w.count(cAppendRetried)
-			s.retryLater(n, stream)
-		}
-		return s.pi
-	case evAppendRetry:
-		s, stream := w.pairs[it.ref>>1], int(it.ref&1)
-		n := s.nodes[it.node]
-		if n.paused {
-			n.deferred = append(n.deferred, it)
-			return s.pi
-		}
-		a := &n.apps[stream]
-		if n.alive && a.waiting && a.attempt == it.gen {
-			a.waiting = false
-			s.pump(n, stream)
-		}
+		s.appenderTimer(n, stream, it)
 		return s.pi
 	case evElection:
 		w.election(it.gen)
