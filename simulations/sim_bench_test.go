@@ -14,13 +14,18 @@ import (
 //
 //	go test -run '^$' -bench 'BenchmarkSimulateHour' -benchmem ./simulations/
 func BenchmarkSimulateHour(b *testing.B) {
-	var sim, wall float64
+	sim, wall := runSeeds(b, Config{Scenario: "random", Duration: time.Hour})
+	b.ReportMetric(sim/wall, "x-realtime")
+}
+
+// runSeeds runs cfg with seeds 1, 2, … one per op, reports the steps per
+// op and returns the simulated and wall seconds of all the runs.
+func runSeeds(b *testing.B, cfg Config) (sim, wall float64) {
 	var steps uint64
-	seed := uint64(0)
 	for b.Loop() {
-		seed++
+		cfg.Seed++
 		start := time.Now()
-		r, err := Run(Config{Scenario: "random", Seed: seed, Duration: time.Hour})
+		r, err := Run(cfg)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -28,8 +33,8 @@ func BenchmarkSimulateHour(b *testing.B) {
 		sim += r.SimulatedSeconds
 		steps += r.Steps
 	}
-	b.ReportMetric(sim/wall, "x-realtime")
 	b.ReportMetric(float64(steps)/float64(b.N), "steps/op")
+	return sim, wall
 }
 
 // Swarm throughput on every core: seeds of 10 simulated minutes per wall
@@ -110,23 +115,9 @@ func BenchmarkPlantedBugs(b *testing.B) {
 func BenchmarkNodeMode(b *testing.B) {
 	for _, pairs := range []int{1, 1000} {
 		b.Run(fmt.Sprintf("pairs=%d", pairs), func(b *testing.B) {
-			var sim, wall float64
-			var steps uint64
-			seed := uint64(0)
-			for b.Loop() {
-				seed++
-				start := time.Now()
-				r, err := Run(Config{Scenario: "random", Seed: seed, Duration: 10 * time.Minute, Leadership: LeadershipNode, Pairs: pairs})
-				if err != nil {
-					b.Fatal(err)
-				}
-				wall += time.Since(start).Seconds()
-				sim += r.SimulatedSeconds
-				steps += r.Steps
-			}
+			sim, wall := runSeeds(b, Config{Scenario: "random", Duration: 10 * time.Minute, Leadership: LeadershipNode, Pairs: pairs})
 			b.ReportMetric(sim/wall, "sim-s/wall-s")
 			b.ReportMetric(sim*float64(pairs)/wall, "pair-s/wall-s")
-			b.ReportMetric(float64(steps)/float64(b.N), "steps/op")
 		})
 	}
 }
