@@ -99,7 +99,7 @@ func (t *ValueTrust) Sign(pair, site string, l failover.Leader) ([]byte, error) 
 		return nil, fmt.Errorf("runtime: register signing: node %s does not run site %s (security.nodes.%s.sites: %s)", t.node, site, t.node, strings.Join(t.sites, ","))
 	}
 	l.By, l.Sig = site, nil
-	sig, err := t.kp.Sign(signedMessage(pair, failover.EncodeLeader(l)))
+	sig, err := t.kp.Sign(signedMessage(registerDomain, pair, failover.EncodeLeader(l)))
 	if err != nil {
 		return nil, fmt.Errorf("runtime: register signing: %w", err)
 	}
@@ -115,21 +115,16 @@ func (t *ValueTrust) Verify(pair string, raw []byte, l failover.Leader) error {
 	if t == nil {
 		return nil
 	}
-	msg, sig, err := unsigned(raw)
-	switch {
-	case err != nil:
+	msg, sig, err := signedBy(raw, l.By)
+	if err != nil {
 		return err
-	case l.By == "":
-		return errors.New("it names no writer (by)")
-	case len(sig) == 0:
-		return fmt.Errorf("it is not signed (it says %s wrote it)", l.By)
 	}
 	keys := t.bySite[l.By]
 	if len(keys) == 0 {
 		return fmt.Errorf("it says %s wrote it, a site no node of security.nodes runs", l.By)
 	}
 	for _, k := range keys {
-		if k.Verify(signedMessage(pair, msg), sig) == nil {
+		if k.Verify(signedMessage(registerDomain, pair, msg), sig) == nil {
 			return nil
 		}
 	}
@@ -150,20 +145,42 @@ func (t *ValueTrust) Judge(pair string, e *failover.LeaderEntry, raw []byte) err
 	return err
 }
 
-// registerDomain starts every signed message: a signature a node key made
-// for anything else (a manifest, a NATS nonce) is never a register value's.
-const registerDomain = "understudy register value v1\x00"
+// The domains that start every signed message: a signature a node key
+// made for anything else (a manifest, a NATS nonce, the other kind of
+// value) is never a register value's or a liveness value's.
+const (
+	registerDomain = "understudy register value v1\x00"
+	livenessDomain = "understudy.liveness/v1\x00"
+)
 
-// signedMessage is what a register value's signature covers: the domain,
-// the pair's name and the value without its signature. The pair binds the
-// value to its register: a node that is a member of two pairs cannot
-// replay one pair's signed values into the other's register.
-func signedMessage(pair string, value []byte) []byte {
-	msg := make([]byte, 0, len(registerDomain)+len(pair)+1+len(value))
-	msg = append(msg, registerDomain...)
-	msg = append(msg, pair...)
+// signedMessage is what a value's signature covers: the domain, the name
+// of the key the value is for (a register's pair, a liveness record's
+// node) and the value without its signature. The name binds the value to
+// its key: a node that is a member of two pairs cannot replay one pair's
+// signed values into the other's register, nor one node's liveness value
+// into another's record.
+func signedMessage(domain, name string, value []byte) []byte {
+	msg := make([]byte, 0, len(domain)+len(name)+1+len(value))
+	msg = append(msg, domain...)
+	msg = append(msg, name...)
 	msg = append(msg, 0)
 	return append(msg, value...)
+}
+
+// signedBy splits raw, a signed value that names by as its writer, into
+// the bytes its signature covers and the signature, or says why it
+// cannot be genuine: it is not a value, names no writer or is not signed.
+func signedBy(raw []byte, by string) (msg, sig []byte, err error) {
+	msg, sig, err = unsigned(raw)
+	switch {
+	case err != nil:
+		return nil, nil, err
+	case by == "":
+		return nil, nil, errors.New("it names no writer (by)")
+	case len(sig) == 0:
+		return nil, nil, fmt.Errorf("it is not signed (it says %s wrote it)", by)
+	}
+	return msg, sig, nil
 }
 
 // unsigned splits a register value into the bytes its signature covers —
@@ -214,22 +231,6 @@ func unsigned(raw []byte) (msg, sig []byte, err error) {
 	return b.Bytes(), sig, nil
 }
 
-// livenessDomain starts every signed liveness value: a register value's
-// signature (registerDomain) is never a liveness value's, nor the reverse.
-const livenessDomain = "understudy.liveness/v1\x00"
-
-// livenessMessage is what a liveness value's signature covers: the
-// domain, the node whose record it is (the key's) and the value without
-// its signature, so that a value of one node's record cannot be replayed
-// into another's.
-func livenessMessage(node string, value []byte) []byte {
-	msg := make([]byte, 0, len(livenessDomain)+len(node)+1+len(value))
-	msg = append(msg, livenessDomain...)
-	msg = append(msg, node...)
-	msg = append(msg, 0)
-	return append(msg, value...)
-}
-
 // SignLiveness returns the wire form of l, a liveness value this node
 // writes (its own beat, or a raise of another node's epoch): Sig set to
 // the signature of this node's key. l.By must be this node. A nil trust
@@ -242,7 +243,7 @@ func (t *ValueTrust) SignLiveness(l failover.Liveness) ([]byte, error) {
 		return nil, fmt.Errorf("runtime: liveness signing: node %s does not sign a value written by %q", t.node, l.By)
 	}
 	l.Sig = nil
-	sig, err := t.kp.Sign(livenessMessage(l.Node, failover.EncodeLiveness(l)))
+	sig, err := t.kp.Sign(signedMessage(livenessDomain, l.Node, failover.EncodeLiveness(l)))
 	if err != nil {
 		return nil, fmt.Errorf("runtime: liveness signing: %w", err)
 	}
@@ -259,22 +260,18 @@ func (t *ValueTrust) VerifyLiveness(node string, raw []byte, l failover.Liveness
 	if t == nil {
 		return nil
 	}
-	msg, sig, err := unsigned(raw)
-	switch {
-	case err != nil:
-		return err
-	case l.Node != node:
+	if l.Node != node {
 		return fmt.Errorf("it is node %s's value, in node %s's record", l.Node, node)
-	case l.By == "":
-		return errors.New("it names no writer (by)")
-	case len(sig) == 0:
-		return fmt.Errorf("it is not signed (it says %s wrote it)", l.By)
+	}
+	msg, sig, err := signedBy(raw, l.By)
+	if err != nil {
+		return err
 	}
 	k, ok := t.byNode[l.By]
 	if !ok {
 		return fmt.Errorf("it says %s wrote it, which is no node of security.nodes", l.By)
 	}
-	if k.Verify(livenessMessage(node, msg), sig) != nil {
+	if k.Verify(signedMessage(livenessDomain, node, msg), sig) != nil {
 		return fmt.Errorf("its signature does not verify against the key of node %s", l.By)
 	}
 	return nil

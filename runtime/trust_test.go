@@ -126,7 +126,7 @@ func TestValueTrustVerifiesUnknownFields(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sig, err := a.kp.Sign(signedMessage("pg", msg))
+	sig, err := a.kp.Sign(signedMessage(registerDomain, "pg", msg))
 	if err != nil {
 		t.Fatal(err)
 	}
