@@ -33,5 +33,6 @@
 // only DESIGN.md's folders, does not see it. scripts/bench-pairs.sh builds
 // both binaries (with a go.mod generated from the measured revision's) and
 // loops over pair counts and modes; the figures belong in
-// docs/benchmarks.md.
+// docs/benchmarks.md. `make lint` vets it here, with the go.mod here (and
+// its staticcheck): when the root's requirements move, `go mod tidy` here.
 package main

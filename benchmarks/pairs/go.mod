@@ -64,3 +64,5 @@ require (
 )
 
 replace understudy => ../..
+
+tool honnef.co/go/tools/cmd/staticcheck
