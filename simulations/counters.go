@@ -62,7 +62,7 @@ const (
 	cForgedIgnored // a member recorded a register value it does not take for a member's write
 	cLostToForger  // a holder took a value the forger wrote for another's write and lost the register
 	cAppendIDTaken // a duplicate ack named a record not the appender's (a message on another subject under its id): appended again
-	// Node leadership (world.go).
+	// Node leadership (liveness.go).
 	cEpochRaised // a member raised a stale node's epoch
 	numCounters
 )

@@ -6,7 +6,7 @@
 // projections, never the runtime.
 //
 // A run (Run) is one loop over a priority queue ordered by (virtual time,
-// sequence). Each of the two nodes (world.go) hosts, exactly as the
+// sequence). Each of the two nodes (machine.go) hosts, exactly as the
 // runtime does, the failover.Member and the procedure.Runner of every
 // pair it serves (one by default; Config.Pairs) and, with node leadership,
 // the node's failover.NodeLiveness, behind one link to the simulated
