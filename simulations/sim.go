@@ -371,10 +371,7 @@ func newWorld(cfg Config) (*world, error) {
 			r.Pair = rules.Pair + "-" + strconv.Itoa(p+1)
 		}
 		if w.pairIdx != nil {
-			if _, dup := w.pairIdx[r.Pair]; dup {
-				return nil, fmt.Errorf("pair %s: two pairs of that name", r.Pair)
-			}
-			w.pairIdx[r.Pair] = int32(p)
+			w.pairIdx[r.Pair] = int32(p) // P, P-2, P-3, …: never twice
 		}
 		w.pairs = append(w.pairs, w.newPair(int32(p), r, opts))
 	}
