@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -17,14 +18,16 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"understudy/actors/failover"
 )
 
-// Default rules of a pair (failover.DefaultRules): the kill goal of issue
-// 16 is failover_timeout + 2 × heartbeat_timeout, for the last pair.
-const (
-	defaultHeartbeat = time.Second
-	defaultFailover  = 5 * time.Second
-	killGoal         = defaultFailover + 2*defaultHeartbeat
+// The rules of every pair (the node files set none: the defaults): the
+// kill goal of issue 16 is failover_timeout + 2 × heartbeat_timeout, for
+// the last pair.
+var (
+	defaultRules = failover.DefaultRules(pairName(0, 1), siteA, siteB)
+	killGoal     = defaultRules.FailoverTimeout + 2*defaultRules.HeartbeatTimeout
 )
 
 type options struct {
@@ -542,7 +545,7 @@ func killPhase(ctx context.Context, o options, c *cluster, nc *nats.Conn, js jet
 	if mb, err := scrapeMembers(ctx, c.b.httpAddr.Load().(string)); err == nil {
 		r.KillMetricsServingB = len(mb.serving)
 	}
-	tos, err := readTakeovers(ctx, nc, js, tKill.Add(-2*defaultFailover), tKill)
+	tos, err := readTakeovers(ctx, nc, js, tKill.Add(-2*defaultRules.FailoverTimeout), tKill)
 	if err != nil {
 		return err
 	}
@@ -585,12 +588,6 @@ func ms(d time.Duration) float64 { return round(float64(d.Microseconds())/1000, 
 func mb1(b uint64) float64 { return round(float64(b)/(1<<20), 1) }
 
 func round(v float64, digits int) float64 {
-	p := 1.0
-	for range digits {
-		p *= 10
-	}
-	if v < 0 {
-		return -float64(int64(-v*p+0.5)) / p
-	}
-	return float64(int64(v*p+0.5)) / p
+	p := math.Pow10(digits)
+	return math.Round(v*p) / p
 }

@@ -17,13 +17,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"understudy/actors/failover"
+	"understudy/runtime"
 )
 
 // Names of the assets, as runtime provisions them by default.
 const (
-	failoverBucket = "understudy_failover"
+	failoverBucket = runtime.DefaultFailoverBucket
 	kvStream       = "KV_" + failoverBucket
-	eventsStream   = "UNDERSTUDY_EVENTS"
+	eventsStream   = runtime.DefaultEventsStream
 )
 
 // register is what a pair's leadership register says.
