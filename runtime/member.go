@@ -175,19 +175,17 @@ type memberActor struct {
 	stopReason string
 	stopOnce   bool
 	// corruptRev is the latest register revision reported as corrupt
-	// (written from the watch and write goroutines); acked the member's
-	// writes NATS acknowledged that the watch had not delivered at the
-	// last check, in order (bounded); delivered the latest revision the
-	// watch handed to the member.
+	// (written from the watch and write goroutines).
 	mu         sync.Mutex
 	corruptRev uint64
-	acked      []ackedWrite
-	delivered  atomic.Uint64
-	feedMu     sync.Mutex        // one entry at a time to the member (watch and direct reads)
-	fed        map[string]uint64 // the pair's keys: the latest revision of each handed over (under feedMu)
-	watched    bool              // a watch delivered its initial values (under feedMu)
-	bridging   atomic.Bool       // the watch lags: read the pair's keys directly (bridge)
-	inbox      memberInbox       // leadership: node: what the node's watch hands over
+	// lag: the member's writes NATS acknowledged against what its own
+	// watch delivered (per-pair leadership).
+	lag      watchLag
+	feedMu   sync.Mutex        // one entry at a time to the member (watch and direct reads)
+	fed      map[string]uint64 // the pair's keys: the latest revision of each handed over (under feedMu)
+	watched  bool              // a watch delivered its initial values (under feedMu)
+	bridging atomic.Bool       // the watch lags: read the pair's keys directly (bridge)
+	inbox    memberInbox       // leadership: node: what the node's watch hands over
 	// Under feedMu: session numbers the watches (one per Watch); regSession
 	// is the session that handed over the latest register entry (0: a
 	// direct read did), and genuine the latest genuine entry handed over
@@ -284,7 +282,7 @@ func (a *memberActor) started(c *actor.Context) {
 	}
 	a.m = m
 	subject := failover.Subject(a.cfg.Rules.Pair, a.cfg.Site)
-	a.acked = make([]ackedWrite, 0, 64) // 64 heartbeats: far past the lag limit
+	a.lag.limit, a.lag.keep = a.cfg.Rules.HeartbeatTimeout, 64 // 64 heartbeats: far past the lag limit
 	a.app = newAppender(a.deps.Log, subject, a.log)
 	a.app.onConflict = func(err error) { a.engine.Send(a.pid, memberConflict{err}) }
 	a.app.onAppended = a.observed
@@ -593,12 +591,7 @@ func (a *memberActor) ackedWrite(rev uint64) {
 		a.deps.watch.acked(rev)
 		return
 	}
-	a.mu.Lock()
-	if len(a.acked) == cap(a.acked) && len(a.acked) > 0 {
-		a.acked = append(a.acked[:0], a.acked[1:]...) // full: the newest matter too
-	}
-	a.acked = append(a.acked, ackedWrite{rev, time.Now()})
-	a.mu.Unlock()
+	a.lag.ack(rev)
 }
 
 // raise performs a raise of another node's epoch (failover.WriteBump)
@@ -677,16 +670,13 @@ func (a *memberActor) watch() {
 	}
 }
 
-// follow feeds one watch to the member until it ends or lags: a write
-// acknowledged more than lagLimit ago that the watch has not delivered
-// means the watch is stuck (an ordered consumer notices a lost stream
-// leader only at its idle heartbeat, seconds later), and the member would
-// see neither its own heartbeats nor the register. Then it returns, and
-// the caller watches afresh. A fresh watch delivers the current value of
+// follow feeds one watch to the member until it ends or lags (watchLag:
+// the member would see neither its own heartbeats nor the register). Then
+// it returns, and the caller watches afresh. A fresh watch delivers the current value of
 // every key first: what was delivered already is skipped, so the member
 // sees every revision once, in order.
 func (a *memberActor) follow(w events.Watcher, session uint64) {
-	check := time.NewTicker(a.cfg.Rules.HeartbeatTimeout / 2)
+	check := time.NewTicker(a.lag.limit / 2)
 	defer check.Stop()
 	for {
 		select {
@@ -703,9 +693,9 @@ func (a *memberActor) follow(w events.Watcher, session uint64) {
 			}
 			a.feed(e, session)
 		case <-check.C:
-			if w, lagging := a.oldestUndelivered(); lagging {
+			if w, lagging := a.lag.oldestUndelivered(); lagging {
 				a.log.Warn("kv watch lags behind acknowledged writes; watching afresh, and reading the pair's keys directly meanwhile",
-					"acked_revision", w.rev, "delivered_revision", a.delivered.Load(), "acked_ago", time.Since(w.at))
+					"acked_revision", w.rev, "delivered_revision", a.lag.delivered.Load(), "acked_ago", time.Since(w.at))
 				a.bridging.Store(true)
 				return
 			}
@@ -736,9 +726,7 @@ func (a *memberActor) feed(e events.Entry, session uint64) {
 		return
 	}
 	a.fed[e.Key] = e.Revision
-	if e.Revision > a.delivered.Load() {
-		a.delivered.Store(e.Revision)
-	}
+	a.lag.sawDelivered(e.Revision)
 	if in := a.input(e, session); in != nil {
 		a.engine.Send(a.pid, memberInput{in})
 	}
@@ -799,36 +787,65 @@ func (a *memberActor) bridge() {
 	}
 }
 
-// oldestUndelivered drops the acknowledged writes the watch has delivered
-// and reports the oldest of the others, and whether it has waited longer
-// than lagLimit (it is then forgotten: one fresh watch per lagging write).
-func (a *memberActor) oldestUndelivered() (ackedWrite, bool) {
-	delivered := a.delivered.Load()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	i := 0
-	for i < len(a.acked) && a.acked[i].rev <= delivered {
-		i++
-	}
-	a.acked = append(a.acked[:0], a.acked[i:]...)
-	if len(a.acked) == 0 || time.Since(a.acked[0].at) <= a.lagLimit() {
-		return ackedWrite{}, false
-	}
-	w := a.acked[0]
-	a.acked = a.acked[:0]
-	return w, true
+// watchLag tells a KV watch that lags behind acknowledged writes: a write
+// NATS acknowledged more than limit ago (one heartbeat: a watch delivers
+// in milliseconds, and a follower blind for longer detects a dead leader
+// that much later) that the watch has not delivered means the watch is
+// stuck — an ordered consumer notices a lost stream leader only at its
+// idle heartbeat, seconds later. A member's own watch (per-pair
+// leadership) and the node's watch each have one. Safe for concurrent
+// use; set limit and keep before.
+type watchLag struct {
+	limit time.Duration
+	keep  int // the acknowledged writes remembered: the oldest matter for lag, the newest too
+
+	delivered atomic.Uint64 // the latest revision the watch delivered
+	mu        sync.Mutex
+	acked     []ackedWrite // acknowledged, not yet seen delivered at the last check (at most keep)
 }
 
-// ackedWrite is a write of this member that NATS acknowledged.
+// ackedWrite is a write that NATS acknowledged.
 type ackedWrite struct {
 	rev uint64
 	at  time.Time
 }
 
-// lagLimit is how long an acknowledged write may stay undelivered by the
-// watch: one heartbeat (a watch delivers in milliseconds; a follower blind
-// for longer detects a dead leader that much later).
-func (a *memberActor) lagLimit() time.Duration { return a.cfg.Rules.HeartbeatTimeout }
+// ack records a write NATS acknowledged: the watch must deliver it within
+// limit.
+func (l *watchLag) ack(rev uint64) {
+	if rev <= l.delivered.Load() {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.acked) >= l.keep && len(l.acked) > 0 {
+		l.acked = append(l.acked[:0], l.acked[1:]...) // full: the newest matter too
+	}
+	l.acked = append(l.acked, ackedWrite{rev, time.Now()})
+}
+
+// sawDelivered records that the watch delivered revision rev.
+func (l *watchLag) sawDelivered(rev uint64) {
+	if rev > l.delivered.Load() {
+		l.delivered.Store(rev)
+	}
+}
+
+// oldestUndelivered drops the acknowledged writes the watch has delivered
+// and reports the oldest of the others, and whether it has waited longer
+// than limit (it is then forgotten: one fresh watch per lagging write).
+func (l *watchLag) oldestUndelivered() (ackedWrite, bool) {
+	delivered := l.delivered.Load()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.acked = slices.DeleteFunc(l.acked, func(a ackedWrite) bool { return a.rev <= delivered })
+	if len(l.acked) == 0 || time.Since(l.acked[0].at) <= l.limit {
+		return ackedWrite{}, false
+	}
+	w := l.acked[0]
+	l.acked = l.acked[:0]
+	return w, true
+}
 
 // input turns a KV entry of the pair into a member input (nil: not one,
 // or a heartbeat or switchover value that does not decode, which is logged

@@ -26,13 +26,12 @@ import (
 // that a member that starts (or restarts) while it runs gets its pair's
 // keys at once, without a watch of its own.
 type nodeWatch struct {
-	kv       events.KV
-	trust    *ValueTrust
-	node     string
-	lagLimit time.Duration // the node's heartbeat_timeout
-	log      *slog.Logger
-	ctx      context.Context
-	cancel   context.CancelFunc
+	kv     events.KV
+	trust  *ValueTrust
+	node   string
+	log    *slog.Logger
+	ctx    context.Context
+	cancel context.CancelFunc
 
 	// mu is held while an entry is handed over, so that a member that
 	// subscribes gets the cache and then what follows, nothing twice.
@@ -47,24 +46,23 @@ type nodeWatch struct {
 	forged   map[string]uint64 // node -> latest revision logged as not genuine
 	syncedCh chan struct{}     // closed at the first Synced
 
-	delivered atomic.Uint64 // the latest revision the watch delivered
-	ackMu     sync.Mutex
-	ackedList []ackedWrite // the node's writes acknowledged and not yet seen delivered (bounded)
-	bridging  atomic.Bool
-	done      chan struct{} // closed when run and bridge have returned
+	// lag: the node's writes NATS acknowledged (liveness, its members'
+	// registers and raises) against what the watch delivered; its limit
+	// is the node's heartbeat_timeout.
+	lag      watchLag
+	bridging atomic.Bool
+	done     chan struct{} // closed when run and bridge have returned
 }
-
-// maxAcked bounds the acknowledged writes a nodeWatch remembers: the
-// oldest one matters for lag, the newest ones too.
-const maxAcked = 256
 
 func newNodeWatch(kv events.KV, trust *ValueTrust, node string, heartbeat time.Duration, log *slog.Logger) *nodeWatch {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &nodeWatch{kv: kv, trust: trust, node: node, lagLimit: heartbeat, log: log.With("component", "node-watch"),
+	w := &nodeWatch{kv: kv, trust: trust, node: node, log: log.With("component", "node-watch"),
 		ctx: ctx, cancel: cancel,
 		byPair: map[string]map[string]*memberActor{}, members: map[string]*memberActor{},
 		cache: map[string]map[string]events.Entry{}, live: map[string]failover.LivenessEntry{},
 		forged: map[string]uint64{}, syncedCh: make(chan struct{}), done: make(chan struct{})}
+	w.lag.limit, w.lag.keep = heartbeat, 256
+	return w
 }
 
 // start begins watching.
@@ -113,7 +111,7 @@ func (w *nodeWatch) run() {
 // follow hands one watch's entries over until it ends or lags (see
 // memberActor.follow: the same rule, for every write of the node).
 func (w *nodeWatch) follow(watcher events.Watcher, session uint64) {
-	check := time.NewTicker(w.lagLimit / 2)
+	check := time.NewTicker(w.lag.limit / 2)
 	defer check.Stop()
 	for {
 		select {
@@ -128,14 +126,12 @@ func (w *nodeWatch) follow(watcher events.Watcher, session uint64) {
 				}
 				continue
 			}
-			if e.Revision > w.delivered.Load() {
-				w.delivered.Store(e.Revision)
-			}
+			w.lag.sawDelivered(e.Revision)
 			w.route(e, session)
 		case <-check.C:
-			if a, lagging := w.oldestUndelivered(); lagging {
+			if a, lagging := w.lag.oldestUndelivered(); lagging {
 				w.log.Warn("kv watch of the node lags behind acknowledged writes; watching afresh, and reading the liveness records directly meanwhile",
-					"acked_revision", a.rev, "delivered_revision", w.delivered.Load(), "acked_ago", time.Since(a.at))
+					"acked_revision", a.rev, "delivered_revision", w.lag.delivered.Load(), "acked_ago", time.Since(a.at))
 				w.bridging.Store(true)
 				return
 			}
@@ -342,31 +338,7 @@ func (w *nodeWatch) waitSynced(ctx context.Context) bool {
 
 // acked records a write of the node that NATS acknowledged: the watch must
 // deliver it within a heartbeat.
-func (w *nodeWatch) acked(rev uint64) {
-	if rev <= w.delivered.Load() {
-		return
-	}
-	w.ackMu.Lock()
-	defer w.ackMu.Unlock()
-	if len(w.ackedList) == maxAcked {
-		w.ackedList = append(w.ackedList[:0], w.ackedList[1:]...)
-	}
-	w.ackedList = append(w.ackedList, ackedWrite{rev, time.Now()})
-}
-
-// oldestUndelivered is memberActor.oldestUndelivered for the node's writes.
-func (w *nodeWatch) oldestUndelivered() (ackedWrite, bool) {
-	delivered := w.delivered.Load()
-	w.ackMu.Lock()
-	defer w.ackMu.Unlock()
-	w.ackedList = slices.DeleteFunc(w.ackedList, func(a ackedWrite) bool { return a.rev <= delivered })
-	if len(w.ackedList) == 0 || time.Since(w.ackedList[0].at) <= w.lagLimit {
-		return ackedWrite{}, false
-	}
-	a := w.ackedList[0]
-	w.ackedList = w.ackedList[:0]
-	return a, true
-}
+func (w *nodeWatch) acked(rev uint64) { w.lag.ack(rev) }
 
 // bridge reads every known liveness record directly every quarter
 // heartbeat while the watch lags, until a fresh watch delivers (see
@@ -376,7 +348,7 @@ func (w *nodeWatch) oldestUndelivered() (ackedWrite, bool) {
 // members (Resynced) that beats skipped meanwhile were skipped by the
 // reading, not by a stall of the store.
 func (w *nodeWatch) bridge() {
-	every := w.lagLimit / 4
+	every := w.lag.limit / 4
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
