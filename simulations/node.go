@@ -41,25 +41,6 @@ func (w *world) answered(m *machine, ring []pendingWrite, r *failover.WriteResul
 	return pendingWrite{}, false
 }
 
-// appender is the runtime's event appender: one append in flight per
-// subject, expected last subject sequence and a message id per event
-// (events.AppenderMsgID), retried after a timeout. Its queue dies with the
-// process.
-type appender struct {
-	subject  string
-	queue    [][]byte
-	born     []time.Duration // the node's local clock when each queued event was produced
-	marks    []int32         // 1 + the index of the outage a queued serving_started ends (0: none)
-	ids      []string        // the random part of each queued event's message id ("": not drawn yet)
-	inflight bool
-	waiting  bool          // a failed attempt's backoff runs
-	backoff  time.Duration // the next backoff (0: the first)
-	attempt  uint64
-	last     uint64
-	known    bool
-	stopped  bool
-}
-
 // dirState is one direction of a node's link to NATS: FIFO, with the
 // faults in force.
 type dirState struct {
