@@ -539,11 +539,9 @@ func TestNodeWatchLagIsReplaced(t *testing.T) {
 		tr.waitPair(t, r.Pair, r.Primary, "failover.serving_started", 1, 10*time.Second)
 	}
 	rec.waitFor(t, "kv watch of the node lags behind acknowledged writes; watching afresh, and reading the liveness records directly meanwhile", 1, 20*pairs[0].HeartbeatTimeout)
-	stall.mu.Lock()
-	watches := stall.watches
-	stall.mu.Unlock()
-	if watches < 2 {
-		t.Errorf("%d watches after the lag was noticed", watches)
+	// The warning comes just before the fresh watch.
+	if watches := stall.waitWatches(2, pairs[0].HeartbeatTimeout); watches < 2 {
+		t.Errorf("%d watches a heartbeat after the lag was noticed", watches)
 	}
 	time.Sleep(5 * pairs[0].HeartbeatTimeout)
 	for _, r := range pairs {
