@@ -20,8 +20,10 @@
 #           first measured; no KILL then)
 # REPLAY    0: skip the replay of every pair's record (the split-brain count)
 # JSON      file to append one JSON object per run to
-# REV       git revision to build and measure (default: the working tree);
-#           the harness itself always comes from the working tree
+# REV       git revision to build and measure (default: the working tree,
+#           labelled worktree@HEAD, +dirty when its non-test Go code or
+#           go.mod differs from HEAD's); the harness itself always comes
+#           from the working tree
 # KEEP      1: keep each run's directory (node files, logs, store)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,6 +64,8 @@ trap 'exit 130' INT TERM HUP
 
 src=$repo
 rev="worktree@$(git rev-parse --short HEAD)"
+# The binary measured differs from HEAD's (the harness's own code aside).
+git diff --quiet HEAD -- '*.go' go.mod go.sum ':!*_test.go' ':!benchmarks' || rev+="+dirty"
 if [ -n "$REV" ]; then
   rev=$(git rev-parse --short "$REV")
   src=$tmp/src
