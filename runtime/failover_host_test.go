@@ -161,13 +161,20 @@ func (tr *transitions) observe(t Transition) {
 // type, failing the test after timeout.
 func (tr *transitions) waitFor(t *testing.T, site, eventType string, n int, timeout time.Duration) Transition {
 	t.Helper()
+	return tr.waitMatch(t, site, eventType, n, timeout, func(x Transition) bool { return x.Site == site && x.Event.EventType() == eventType })
+}
+
+// waitMatch returns the n-th (1-based) transition that match accepts (who's
+// of the event type, as the failure after timeout says).
+func (tr *transitions) waitMatch(t *testing.T, who, eventType string, n int, timeout time.Duration, match func(Transition) bool) Transition {
+	t.Helper()
 	deadline := time.After(timeout)
 	for {
 		tr.mu.Lock()
 		changed := tr.changed
 		seen := 0
 		for _, x := range tr.list {
-			if x.Site == site && x.Event.EventType() == eventType {
+			if match(x) {
 				if seen++; seen == n {
 					tr.mu.Unlock()
 					return x
@@ -178,7 +185,7 @@ func (tr *transitions) waitFor(t *testing.T, site, eventType string, n int, time
 		select {
 		case <-changed:
 		case <-deadline:
-			t.Fatalf("no %s #%d of %s within %v", eventType, n, site, timeout)
+			t.Fatalf("no %s #%d of %s within %v", eventType, n, who, timeout)
 		}
 	}
 }

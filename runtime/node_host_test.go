@@ -90,26 +90,9 @@ func hostNode(t *testing.T, fn *failoverNATS, name, site string, pairs []failove
 // event type, failing the test after timeout.
 func (tr *transitions) waitPair(t *testing.T, pair, site, eventType string, n int, timeout time.Duration) Transition {
 	t.Helper()
-	deadline := time.After(timeout)
-	for {
-		tr.mu.Lock()
-		changed := tr.changed
-		seen := 0
-		for _, x := range tr.list {
-			if x.Pair == pair && x.Site == site && x.Event.EventType() == eventType {
-				if seen++; seen == n {
-					tr.mu.Unlock()
-					return x
-				}
-			}
-		}
-		tr.mu.Unlock()
-		select {
-		case <-changed:
-		case <-deadline:
-			t.Fatalf("no %s #%d of %s/%s within %v", eventType, n, pair, site, timeout)
-		}
-	}
+	return tr.waitMatch(t, pair+"/"+site, eventType, n, timeout, func(x Transition) bool {
+		return x.Pair == pair && x.Site == site && x.Event.EventType() == eventType
+	})
 }
 
 // countPair counts pair's transitions of the event type at any site.
