@@ -64,12 +64,10 @@ func (d *dirState) clear() bool { return d.drop == 0 && d.stall == 0 && d.buffer
 // node is one member of a pair on one machine (a site): the failover
 // member and its resource's procedure runner, hosted by the machine's
 // process, which it shares with the other pairs' members there. The
-// machine's fields (clock, link, process state, watch) are reached
-// through embedding.
+// machine's fields (index, site, clock, link, process state, watch) are
+// reached through embedding.
 type node struct {
 	*machine
-	idx     int
-	site    string
 	primary bool
 
 	alive  bool // the member runs
@@ -128,8 +126,8 @@ type node struct {
 	jumpWins          int
 }
 
-func (s *sim) newNode(i int, m *machine) *node {
-	n := &node{machine: m, idx: i, site: m.site, primary: m.site == s.rules.Primary}
+func (s *sim) newNode(m *machine) *node {
+	n := &node{machine: m, primary: m.site == s.rules.Primary}
 	n.apps[0].subject = failover.Subject(s.rules.Pair, m.site)
 	n.apps[1].subject = procedure.Subject(s.resource(m.site))
 	return n

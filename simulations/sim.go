@@ -433,7 +433,7 @@ func (w *world) newPair(p int32, rules failover.Rules, opts failover.Options) *s
 	s.hoBound = s.promoteMax + 4*rules.HeartbeatTimeout + 6*w.maxLat
 	s.standbyBound = s.bound + s.fenceMax + rules.HeartbeatTimeout
 	for i, m := range w.machines {
-		s.nodes[i] = s.newNode(i, m)
+		s.nodes[i] = s.newNode(m)
 	}
 	return s
 }
