@@ -47,3 +47,26 @@ func FuzzDecodeEvent(f *testing.F) {
 		}
 	})
 }
+
+// FuzzLivenessEntry: whatever bytes are in a node's liveness record, the
+// node's watch and its liveness writer take them as a genuine value or as
+// Forged with why — never a panic — with a trust and without.
+func FuzzLivenessEntry(f *testing.F) {
+	_, trust, _ := trustedPair(f, "pg")
+	for _, l := range []failover.Liveness{{Node: "node-a", Epoch: 2, Beat: 5, By: "node-a"}, {Node: "node-b", Epoch: 3, By: "node-a", Prev: 9}} {
+		f.Add(failover.EncodeLiveness(l))
+		if v, err := trust.SignLiveness(l); err == nil {
+			f.Add(v)
+		}
+	}
+	f.Add([]byte("not msgpack"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		for _, tr := range []*ValueTrust{nil, trust} {
+			le, why := livenessEntryOf("node-a", events.Entry{Key: failover.LivenessKey("node-a"), Revision: 4, Op: events.OpPut, Value: data}, tr)
+			if le.Forged != (why != nil) {
+				t.Fatalf("forged %v, why %v", le.Forged, why)
+			}
+			_ = le.Value.String()
+		}
+	})
+}
