@@ -118,6 +118,13 @@ func runSimulate(cmd *cobra.Command, f simulateFlags, stdout, stderr io.Writer) 
 	if f.duration < 0 {
 		return usage("--duration must be positive, got %v", f.duration)
 	}
+	lead, err := simulations.ParseLeadership(f.leadership)
+	if err != nil {
+		return usage("--leadership: %v", err)
+	}
+	if f.pairs < 1 {
+		return usage("--pairs = %d: must be at least 1", f.pairs)
+	}
 	if f.swarm {
 		for _, name := range []string{"scenario", "seed", "faults", "out", "trace"} {
 			if set(name) {
@@ -130,7 +137,7 @@ func runSimulate(cmd *cobra.Command, f simulateFlags, stdout, stderr io.Writer) 
 		if f.workers < 0 || f.shrink < 0 {
 			return usage("--workers and --shrink-budget must not be negative")
 		}
-		return runSwarm(cmd, f, rules, fsync, stdout, stderr)
+		return runSwarm(cmd, f, rules, fsync, lead, stdout, stderr)
 	}
 	for _, name := range []string{"seeds", "first-seed", "workers", "shrink-budget"} {
 		if set(name) {
@@ -142,13 +149,6 @@ func runSimulate(cmd *cobra.Command, f simulateFlags, stdout, stderr io.Writer) 
 	}
 	if simulations.ScenarioByName(f.scenario) == nil {
 		return usage("unknown scenario %q; see understudy simulate --list", f.scenario)
-	}
-	lead, err := simulations.ParseLeadership(f.leadership)
-	if err != nil {
-		return fmt.Errorf("--leadership: %w", err)
-	}
-	if f.pairs < 1 {
-		return fmt.Errorf("--pairs = %d: must be at least 1", f.pairs)
 	}
 	cfg := simulations.Config{Scenario: f.scenario, Seed: f.seed, Duration: f.duration, Rules: rules, AllowUnsafe: f.allowUnsafe, Fsync: fsync,
 		Leadership: lead, Pairs: f.pairs}
@@ -314,19 +314,12 @@ func plural(n int, what string) string {
 	return fmt.Sprintf("%d %ss", n, what)
 }
 
-func runSwarm(cmd *cobra.Command, f simulateFlags, rules failover.Rules, fsync simulations.FsyncMode, stdout, stderr io.Writer) error {
+func runSwarm(cmd *cobra.Command, f simulateFlags, rules failover.Rules, fsync simulations.FsyncMode, lead simulations.Leadership, stdout, stderr io.Writer) error {
 	sc := simulations.SwarmConfig{
 		Seeds: f.seeds, FirstSeed: f.firstSeed, Duration: f.duration, Rules: rules, AllowUnsafe: f.allowUnsafe,
 		Fsync: fsync, Workers: f.workers, ShrinkBudget: f.shrink, PairConfig: f.pairConfig,
+		Leadership: lead, Pairs: f.pairs,
 	}
-	lead, err := simulations.ParseLeadership(f.leadership)
-	if err != nil {
-		return fmt.Errorf("--leadership: %w", err)
-	}
-	if f.pairs < 1 {
-		return fmt.Errorf("--pairs = %d: must be at least 1", f.pairs)
-	}
-	sc.Leadership, sc.Pairs = lead, f.pairs
 	if sc.Duration == 0 {
 		sc.Duration = 10 * time.Minute
 	}
