@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
 	"understudy/actors/agent"
@@ -177,26 +175,9 @@ replication: {password_file: ` + filepath.Join(dir, "missing.pass") + `}
 func TestApplySignKey(t *testing.T) {
 	dir := t.TempDir()
 	logger := runtime.NewLogger(os.Stderr, 8, runtime.LogText)
-	es, err := runtime.StartEmbedded(runtime.EmbeddedConfig{DataDir: filepath.Join(dir, "nats"), Host: "127.0.0.1", Port: -1}, logger)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer es.Shutdown()
-	nc, err := nats.Connect(es.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	es, nc, _, names := provisionedNATS(t, dir)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	names := runtime.DefaultConfig().Assets
-	if _, err := runtime.Provision(ctx, js, runtime.DefaultAssets(names, 1), logger); err != nil {
-		t.Fatal(err)
-	}
 	kp, err := nkeys.CreateOperator()
 	if err != nil {
 		t.Fatal(err)

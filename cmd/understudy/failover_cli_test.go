@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +16,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"understudy/runtime"
 )
 
 // The failover commands, run as the built binary.
@@ -94,6 +100,35 @@ fence_grace: 300ms
 	// cliSlack is what timing bounds allow for a loaded machine.
 	cliSlack = 400 * time.Millisecond
 )
+
+// provisionedNATS starts an embedded NATS server with its data in dir and
+// the default assets provisioned, and connects to it; the connection and
+// the server end with the test.
+func provisionedNATS(t testing.TB, dir string) (*runtime.EmbeddedNATS, *nats.Conn, jetstream.JetStream, runtime.AssetsConfig) {
+	t.Helper()
+	logger := runtime.NewLogger(os.Stderr, 8, runtime.LogText)
+	es, err := runtime.StartEmbedded(runtime.EmbeddedConfig{DataDir: filepath.Join(dir, "nats"), Host: "127.0.0.1", Port: -1}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(es.Shutdown)
+	nc, err := nats.Connect(es.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	names := runtime.DefaultConfig().Assets
+	if _, err := runtime.Provision(ctx, js, runtime.DefaultAssets(names, 1), logger); err != nil {
+		t.Fatal(err)
+	}
+	return es, nc, js, names
+}
 
 func writeTestFile(t testing.TB, dir, name, body string) string {
 	t.Helper()

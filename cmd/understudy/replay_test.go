@@ -13,9 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"understudy/actors/failover"
 	"understudy/runtime"
 )
@@ -248,26 +245,9 @@ func checkDamaged(t *testing.T, export string) {
 func TestExportAndLiveReplay(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	es, err := runtime.StartEmbedded(runtime.EmbeddedConfig{DataDir: filepath.Join(dir, "nats"), Host: "127.0.0.1", Port: -1}, runtime.NewLogger(os.Stderr, 8, runtime.LogText))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer es.Shutdown()
-	nc, err := nats.Connect(es.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	es, _, js, names := provisionedNATS(t, dir)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	names := runtime.DefaultConfig().Assets
-	if _, err := runtime.Provision(ctx, js, runtime.DefaultAssets(names, 1), runtime.NewLogger(os.Stderr, 8, runtime.LogText)); err != nil {
-		t.Fatal(err)
-	}
 	rules := failover.DefaultRules("live", "site-a", "site-b")
 	rules.HeartbeatTimeout, rules.FailoverTimeout, rules.FenceGrace = fastHeartbeat, fastFailover, 300*time.Millisecond
 	sum, err := runtime.RunTrial(ctx, es.Server().Addr().String(), runtime.TrialOptions{

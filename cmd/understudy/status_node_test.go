@@ -5,17 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"understudy/actors/failover"
-	"understudy/runtime"
 )
 
 // status --pair answers for one pair in under a second with 10,000 pairs
@@ -24,28 +21,9 @@ import (
 // (leadership: node).
 func TestStatusOfOnePairAmongTenThousand(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	logger := runtime.NewLogger(os.Stderr, 8, runtime.LogText)
-	es, err := runtime.StartEmbedded(runtime.EmbeddedConfig{DataDir: filepath.Join(dir, "nats"), Host: "127.0.0.1", Port: -1}, logger)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer es.Shutdown()
-	nc, err := nats.Connect(es.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	es, _, js, names := provisionedNATS(t, t.TempDir())
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	names := runtime.DefaultConfig().Assets
-	if _, err := runtime.Provision(ctx, js, runtime.DefaultAssets(names, 1), logger); err != nil {
-		t.Fatal(err)
-	}
 	// 10,000 pairs led by node-a in epoch 3, published asynchronously.
 	const pairs = 10000
 	subject := func(key string) string { return "$KV." + names.FailoverBucket + "." + key }
