@@ -436,7 +436,7 @@ func (h *Host) checkStore(ctx context.Context, members []MemberConfig) error {
 	}
 	h.logger.Info("store write rate measured", "leadership", h.leadership.String(), "members", len(members),
 		"heartbeat_writes_per_second", round1(need), "store_writes_per_second", round1(p.PerSecond), "burst_writes_per_second", round1(p.Burst), "write_latency", p.Latency,
-		"share_used", fmt.Sprintf("%.0f%%", 100*need/p.PerSecond))
+		"share_used", fmt.Sprintf("%.0f%%", 100*need/p.Burst))
 	return nil
 }
 
