@@ -293,11 +293,17 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 	if logger == nil {
 		logger = slog.Default()
 	}
-	evlog, err := events.NewJetStreamLog(js, stream, Codec())
-	if err != nil {
-		return nil, err
-	}
-	jkv, err := events.NewJetStreamKV(ctx, js, bucket)
+	var evlog *events.JetStreamLog
+	var jkv *events.JetStreamKV
+	err := retryOpen(ctx, logger, func() (err error) {
+		if evlog == nil {
+			if evlog, err = events.NewJetStreamLog(js, stream, Codec()); err != nil {
+				return err
+			}
+		}
+		jkv, err = events.NewJetStreamKV(ctx, js, bucket)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -805,5 +811,29 @@ func (h *Host) Stop(ctx context.Context) {
 	}
 	if watch != nil {
 		watch.stop()
+	}
+}
+
+// openRetryFor bounds how long StartHost waits for the assets to answer.
+const openRetryFor = 30 * time.Second
+
+// retryOpen runs open until it succeeds, fails for good, or openRetryFor
+// passes: looking up a stream needs its leader (and, in a cluster, the
+// meta leader), which a restarted node's server may still be electing.
+// An asset that does not exist, or a refusal, is final.
+func retryOpen(ctx context.Context, logger *slog.Logger, open func() error) error {
+	deadline := time.Now().Add(openRetryFor)
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+		err := open()
+		if err == nil || errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound) ||
+			!retryableProvisionError(err) || time.Now().After(deadline) {
+			return err
+		}
+		logger.Warn("the assets do not answer yet; retrying", "err", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
 	}
 }
