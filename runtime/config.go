@@ -288,44 +288,24 @@ func (f LogFormat) String() string {
 }
 
 // Leadership is how a node's pairs keep leadership (the node file's
-// leadership).
-type Leadership int
+// leadership): failover.Leadership.
+type Leadership = failover.Leadership
 
 const (
-	// LeadershipPerPair: every member heartbeats its pair's register or
-	// its own heartbeat key; the store's write rate grows with the pairs.
-	LeadershipPerPair Leadership = iota + 1
-	// LeadershipNode: the node heartbeats one liveness record; a pair's
-	// register names its holder's node and epoch and is written only when
-	// it changes (failover.NodeLiveness).
-	LeadershipNode
+	LeadershipPerPair = failover.LeadershipPerPair
+	LeadershipNode    = failover.LeadershipNode
 )
 
 // DefaultLeadership is the leadership of a node file without the key.
 const DefaultLeadership = LeadershipPerPair
 
-func (l Leadership) String() string {
-	switch l {
-	case LeadershipPerPair:
-		return "per-pair"
-	case LeadershipNode:
-		return "node"
-	}
-	return "Leadership(" + strconv.Itoa(int(l)) + ")"
-}
-
 // ParseLeadership reads the node file's leadership ("" is
 // DefaultLeadership).
 func ParseLeadership(s string) (Leadership, error) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "":
+	if strings.TrimSpace(s) == "" {
 		return DefaultLeadership, nil
-	case "node":
-		return LeadershipNode, nil
-	case "per-pair":
-		return LeadershipPerPair, nil
 	}
-	return 0, &ConfigError{Field: "leadership", Rule: "must be node (one liveness write per node and heartbeat, whatever the number of pairs) or per-pair (every member writes its pair's keys every heartbeat)", Value: s}
+	return failover.ParseLeadership(s)
 }
 
 // settings are a Config's typed values, produced only by Config.resolve.

@@ -10,40 +10,16 @@ import (
 	"understudy/events"
 )
 
-// Leadership is how the pairs' leadership is kept (Config.Leadership).
-type Leadership int
+// Leadership is how each node of a run keeps leadership: failover.Leadership.
+type Leadership = failover.Leadership
 
 const (
-	// LeadershipPerPair: every holder writes its pair's register every
-	// heartbeat_timeout, every follower its heartbeat key (failover.Options
-	// without Node).
-	LeadershipPerPair Leadership = iota + 1
-	// LeadershipNode: each node heartbeats one liveness record with its
-	// epoch (failover.NodeLiveness); a pair's register names its holder's
-	// node and epoch and is written only when it changes (Options.Node).
-	LeadershipNode
+	LeadershipPerPair = failover.LeadershipPerPair
+	LeadershipNode    = failover.LeadershipNode
 )
 
-func (l Leadership) String() string {
-	switch l {
-	case LeadershipPerPair:
-		return "per-pair"
-	case LeadershipNode:
-		return "node"
-	}
-	return "unset"
-}
-
-// ParseLeadership reads "node" or "per-pair".
-func ParseLeadership(s string) (Leadership, error) {
-	switch s {
-	case "node":
-		return LeadershipNode, nil
-	case "per-pair":
-		return LeadershipPerPair, nil
-	}
-	return 0, fmt.Errorf("leadership must be node or per-pair, got %q", s)
-}
+// ParseLeadership reads "node" or "per-pair" (failover.ParseLeadership).
+func ParseLeadership(s string) (Leadership, error) { return failover.ParseLeadership(s) }
 
 // MaxPairs is the most pairs per node a run may host.
 const MaxPairs = 16000

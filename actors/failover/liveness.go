@@ -2,8 +2,11 @@ package failover
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
+
+	"understudy/actors"
 )
 
 // Node liveness (leadership: node). A node heartbeats one record,
@@ -27,6 +30,44 @@ import (
 //     if the node comes back before its members noticed.
 //
 // One write per node per heartbeat, whatever the number of pairs.
+
+// Leadership is how a node's pairs keep leadership: the node file's
+// leadership, the simulator's --leadership.
+type Leadership int
+
+const (
+	// LeadershipPerPair: every holder writes its pair's register every
+	// heartbeat_timeout, every follower its heartbeat key (Options without
+	// Node): the store's write rate grows with the pairs.
+	LeadershipPerPair Leadership = iota + 1
+	// LeadershipNode: each node heartbeats one liveness record with its
+	// epoch (NodeLiveness); a pair's register names its holder's node and
+	// epoch and is written only when it changes (Options.Node).
+	LeadershipNode
+)
+
+func (l Leadership) String() string {
+	switch l {
+	case LeadershipPerPair:
+		return "per-pair"
+	case LeadershipNode:
+		return "node"
+	}
+	return "Leadership(" + strconv.Itoa(int(l)) + ")"
+}
+
+// ParseLeadership reads "node" or "per-pair" (case and surrounding space
+// do not matter).
+func ParseLeadership(s string) (Leadership, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "node":
+		return LeadershipNode, nil
+	case "per-pair":
+		return LeadershipPerPair, nil
+	}
+	return 0, &actors.ConfigError{Field: "leadership", Value: strconv.Quote(s),
+		Rule: "must be node (one liveness write per node and heartbeat, whatever the number of pairs) or per-pair (every member writes its pair's keys every heartbeat)"}
+}
 
 // LivenessPrefix starts every liveness key; no pair may be named so
 // (Rules.ValidateShape).
