@@ -408,15 +408,23 @@ func (w *world) start(n *node) {
 }
 
 func (w *world) scheduleLiveTick(n *node) {
+	w.wakeAt(n, n.live.NextWake(), func() {
+		w.handleLive(n, n.live.Step(w.local(n), Tick{}))
+		w.scheduleLiveTick(n)
+	})
+}
+
+// wakeAt runs tick at n's local time next (at once if that has passed),
+// unless n died or restarted meanwhile.
+func (w *world) wakeAt(n *node, next time.Duration, tick func()) {
 	inc := n.incarnation
-	wake := n.live.NextWake() - n.clockOffset
+	wake := next - n.clockOffset
 	if wake <= w.now {
 		wake = w.now + time.Millisecond
 	}
 	w.at(wake, func() {
 		if n.alive && n.incarnation == inc {
-			w.handleLive(n, n.live.Step(w.local(n), Tick{}))
-			w.scheduleLiveTick(n)
+			tick()
 		}
 	})
 }
@@ -459,16 +467,9 @@ func (w *world) handleLive(n *node, r NodeReady) {
 }
 
 func (w *world) scheduleTick(n *node) {
-	inc := n.incarnation
-	wake := n.m.NextWake() - n.clockOffset
-	if wake <= w.now {
-		wake = w.now + time.Millisecond
-	}
-	w.at(wake, func() {
-		if n.alive && n.incarnation == inc {
-			w.step(n, Tick{})
-			w.scheduleTick(n)
-		}
+	w.wakeAt(n, n.m.NextWake(), func() {
+		w.step(n, Tick{})
+		w.scheduleTick(n)
 	})
 }
 
