@@ -66,7 +66,7 @@ func (s *sim) pump(n *node, stream int) {
 	}
 	ref := s.alloc(msg{kind: mAppend, inc: n.inc, stream: int8(stream), data: a.queue[0], last: a.last, known: a.known, attempt: a.attempt,
 		queued: n.clk.local(s.now) - a.born[0], mark: a.marks[0], id: id, event: a.ids[0], pair: s.pi})
-	s.send(n.machine, true, ref)
+	s.issue(n.machine, gateAppends, ref, s.now+appendTimeout)
 	s.push(item{at: s.now + appendTimeout, kind: evAppendTimeout, node: int8(n.idx), ref: s.appRef(stream), gen: a.attempt})
 }
 

@@ -43,6 +43,7 @@ func (w *world) liveHandle(m *machine, r failover.NodeReady) {
 		w.send(m, true, w.alloc(msg{kind: mWrite, inc: m.inc, write: *wr, sent: w.now, pair: all}))
 	}
 	for _, res := range r.Results {
+		w.countLivenessFailed(m, res)
 		for _, s := range w.pairs {
 			if n := s.nodes[m.idx]; n.alive {
 				s.step(n, res)

@@ -45,6 +45,9 @@ type machine struct {
 	liveSet     bool
 	livePending [4]pendingWrite
 	liveNext    int
+
+	// HostWriteBound: its members' KV writes and appends in flight.
+	gates [2]gate
 }
 
 // nodeName is the name of the node at site: node-a for site-a.
@@ -195,6 +198,7 @@ func (w *world) crash(m *machine, power bool) {
 		}
 	}
 	m.running = false
+	w.resetGates(m)
 	w.processGone(m)
 }
 
@@ -326,6 +330,9 @@ func (w *world) broadcast(pair int32, rev uint64, in failover.Input) {
 // (for the member of their pair, or for all) and Synced, a member's
 // answers, its liveness writer's answers.
 func (w *world) atNode(m *machine, it item) {
+	if !m.paused {
+		w.answeredSlot(m, it.ref)
+	}
 	mg := &w.msgs[it.ref]
 	var s *sim
 	var n *node

@@ -24,6 +24,8 @@ const (
 	evDBDone                          // database mode: a workload call (check, rejoin, sync) ends (node, gen = call id, ref = 1 for a check)
 	evForge                           // a forger writes again (ref = fault)
 	evLiveTick                        // node leadership: a machine's liveness writer's timer (node, gen)
+	evStored                          // StoreWriteTime: the server has served a write that waited (ref)
+	evSlotDeadline                    // HostWriteBound: a request's deadline, its gate slot freed if held (node, ref = gate, gen = token)
 )
 
 // item is one entry of the event queue: ordered by (at, seq). It holds no

@@ -53,6 +53,15 @@ type Config struct {
 	// same rules and sites; pair 1 is named as the rules say, pair k
 	// <name>-k. The faults of a site hit its node: every member on it.
 	Pairs int
+	// StoreWriteTime is the store's service time per write (0: none, every
+	// request answered after link latency only): the stream leader serves
+	// KV writes and appends one after another in arrival order, so a
+	// burst queues (throughput.go).
+	StoreWriteTime time.Duration
+	// HostWriteBound bounds, per node, its members' KV writes and, apart,
+	// their appends in flight (0: unbounded; the runtime's host:
+	// HostWriteBoundRuntime); the liveness writer's writes are not bounded.
+	HostWriteBound int
 }
 
 // DefaultPair is the pair the simulator runs when Config.Rules is zero.
@@ -204,6 +213,7 @@ type msg struct {
 	dup     bool           // mAppendAck: the server acked a duplicate
 	sent    time.Duration  // mWrite: when it was sent
 	seq     uint64         // mAppendAck
+	slot    uint64         // mWrite, mAppend and their answers: the token of its node's gate slot (0: none)
 	run     uint64         // mStep
 	chain   procedure.ChainKind
 	final   bool // mStep: the last step of its chain
@@ -321,6 +331,9 @@ func newWorld(cfg Config) (*world, error) {
 	}
 	if cfg.Pairs <= 0 {
 		cfg.Pairs = 1
+	}
+	if cfg.StoreWriteTime < 0 || cfg.HostWriteBound < 0 {
+		return nil, fmt.Errorf("store write time and host write bound must not be negative")
 	}
 	if cfg.Pairs > MaxPairs {
 		return nil, fmt.Errorf("pairs per node: at most %d, got %d", MaxPairs, cfg.Pairs)
@@ -491,7 +504,7 @@ func (s *sim) sendWrite(n *node, w *failover.Write) {
 	s.inv.writeIssued(s, n)
 	remember(n.pending[:], &n.pendingNext, w)
 	ref := s.alloc(msg{kind: mWrite, inc: n.inc, write: *w, sent: s.now, effect: n.available(), pair: s.pi})
-	s.send(n.machine, true, ref)
+	s.issue(n.machine, gateWrites, ref, n.clk.virtual(w.Deadline))
 }
 
 // JetStream error codes the simulated server answers with.

@@ -67,6 +67,8 @@ type world struct {
 	// holds them, and as each site's server last applied them.
 	live      [2]liveRec
 	liveViews [3][2]liveRec
+	storeFree time.Duration // StoreWriteTime: when the server has served the writes it holds
+	tokens    uint64        // the last gate slot token drawn
 }
 
 // multi: the run has several pairs (names in traces and violations).
@@ -162,8 +164,22 @@ func (w *world) dispatch(it item) int32 {
 		return all
 	case evUp:
 		p := w.msgs[it.ref].pair
+		if w.storeQueue(it) {
+			return p
+		}
 		w.atServer(w.machines[it.node], it.ref)
 		return p
+	case evStored:
+		p := w.msgs[it.ref].pair
+		w.atServer(w.machines[it.node], it.ref)
+		return p
+	case evSlotDeadline:
+		m := w.machines[it.node]
+		if m.paused {
+			m.deferred = append(m.deferred, it)
+			return all
+		}
+		w.freeSlot(m, int(it.ref), it.gen)
 	case evDown:
 		p := w.msgs[it.ref].pair
 		w.atNode(w.machines[it.node], it)
@@ -270,7 +286,7 @@ func (w *world) serve(m *machine, ref int32) {
 		if res.code == 0 && !res.duplicate {
 			s.eventLanded(n, int(mg.stream), mg.mark, res.seq, mg.queued)
 		}
-		*mg = msg{kind: mAppendAck, inc: mg.inc, stream: mg.stream, attempt: mg.attempt, seq: res.seq, code: res.code, dup: res.duplicate, last: res.last, id: res.id, pair: mg.pair}
+		*mg = msg{kind: mAppendAck, inc: mg.inc, stream: mg.stream, attempt: mg.attempt, seq: res.seq, code: res.code, dup: res.duplicate, last: res.last, id: res.id, pair: mg.pair, slot: mg.slot}
 		w.send(m, false, ref)
 	default:
 		w.release(ref)
@@ -314,7 +330,7 @@ func (w *world) propose(m *machine, ref int32, at int) {
 		key = w.pairs[mg.pair].nodes[m.idx].apps[mg.stream].subject
 		if c.inFlight(at, key) {
 			w.count(cInFlightRefused)
-			*mg = msg{kind: mAppendAck, inc: mg.inc, stream: mg.stream, attempt: mg.attempt, code: codeInFlight, last: mg.last, id: mg.id, pair: mg.pair}
+			*mg = msg{kind: mAppendAck, inc: mg.inc, stream: mg.stream, attempt: mg.attempt, code: codeInFlight, last: mg.last, id: mg.id, pair: mg.pair, slot: mg.slot}
 			w.send(m, false, ref)
 			return
 		}

@@ -1,0 +1,153 @@
+package simulations
+
+import (
+	"time"
+
+	"understudy/actors/failover"
+)
+
+// The store's throughput (Config.StoreWriteTime) and a node's bound on
+// what its members have in flight there (Config.HostWriteBound).
+//
+// Without a service time the simulated server answers every request after
+// link latency only: a burst of writes costs nothing, and a node's
+// liveness write is never delayed behind its members' writes. With one,
+// the stream leader serves the writes (KV writes and appends) one after
+// another in arrival order, each taking StoreWriteTime: a burst queues,
+// and what arrives behind it waits.
+
+// HostWriteBoundRuntime is the runtime host's bound (runtime/host.go:
+// maxMemberWrites, maxAppends).
+const HostWriteBoundRuntime = 64
+
+// gate bounds one kind of a node's member requests in flight: at most
+// bound issued and not yet answered nor past their deadline; the others
+// wait in arrival order, and one still waiting at its deadline is never
+// issued (the member counts it failed, as any write lost).
+type gate struct {
+	held map[uint64]struct{} // the tokens of the requests in flight
+	wait []gated
+}
+
+type gated struct {
+	ref int32
+	by  time.Duration // virtual time of its deadline
+}
+
+const (
+	gateWrites  = 0
+	gateAppends = 1
+)
+
+// storeQueue has a write that reached the server wait for the writes
+// ahead of it (StoreWriteTime each); false: it is served now.
+func (w *world) storeQueue(it item) bool {
+	if w.cfg.StoreWriteTime <= 0 || w.server.down {
+		return false
+	}
+	if k := w.msgs[it.ref].kind; k != mWrite && k != mAppend {
+		return false
+	}
+	done := max(w.now, w.storeFree) + w.cfg.StoreWriteTime
+	w.storeFree = done
+	it.kind, it.at = evStored, done
+	w.push(it)
+	return true
+}
+
+// issue sends a member's request (a KV write or an append) onto its
+// node's link, through the node's gate when it has one.
+func (w *world) issue(m *machine, g int, ref int32, by time.Duration) {
+	if w.cfg.HostWriteBound <= 0 {
+		w.send(m, true, ref)
+		return
+	}
+	gt := &m.gates[g]
+	if len(gt.held) >= w.cfg.HostWriteBound || len(gt.wait) > 0 {
+		gt.wait = append(gt.wait, gated{ref: ref, by: by})
+		return
+	}
+	w.admit(m, g, ref, by)
+}
+
+func (w *world) admit(m *machine, g int, ref int32, by time.Duration) {
+	gt := &m.gates[g]
+	if gt.held == nil {
+		gt.held = map[uint64]struct{}{}
+	}
+	w.tokens++
+	tok := w.tokens
+	gt.held[tok] = struct{}{}
+	w.msgs[ref].slot = tok
+	w.push(item{at: max(by, w.now+1), kind: evSlotDeadline, node: int8(m.idx), ref: int32(g), gen: tok})
+	w.send(m, true, ref)
+}
+
+// freeSlot ends a request's time in flight (answered, or its deadline
+// passed) and issues what waited, dropping what waited past its deadline.
+func (w *world) freeSlot(m *machine, g int, tok uint64) {
+	gt := &m.gates[g]
+	if _, ok := gt.held[tok]; !ok {
+		return
+	}
+	delete(gt.held, tok)
+	for len(gt.wait) > 0 && len(gt.held) < w.cfg.HostWriteBound {
+		x := gt.wait[0]
+		gt.wait = gt.wait[1:]
+		if w.now >= x.by {
+			w.count(cNotIssued)
+			w.release(x.ref)
+			continue
+		}
+		w.admit(m, g, x.ref, x.by)
+	}
+}
+
+// answeredSlot frees the slot of a request whose answer reached its node.
+func (w *world) answeredSlot(m *machine, ref int32) {
+	mg := &w.msgs[ref]
+	if mg.slot == 0 {
+		return
+	}
+	g := gateWrites
+	if mg.kind == mAppendAck {
+		g = gateAppends
+	}
+	tok := mg.slot
+	mg.slot = 0
+	w.freeSlot(m, g, tok)
+}
+
+// resetGates forgets what a node's process had in flight or waiting.
+func (w *world) resetGates(m *machine) {
+	for g := range m.gates {
+		for _, x := range m.gates[g].wait {
+			w.release(x.ref)
+		}
+		m.gates[g] = gate{}
+	}
+}
+
+// countLivenessFailed counts, per member that counts it, a failed
+// liveness write of a node whose peer is down while its own link is
+// clear: the surviving node's heartbeat failing under load alone. It is
+// counted with a store service time only (without one there is no load),
+// so that runs without it report what they always did.
+func (w *world) countLivenessFailed(m *machine, res failover.Input) {
+	if w.cfg.StoreWriteTime <= 0 {
+		return
+	}
+	lr, ok := res.(failover.LivenessResult)
+	if !ok || lr.Err == failover.WriteOK || lr.Err == failover.WriteConflict || !w.reachable(m) {
+		return
+	}
+	peer := w.machines[1-m.idx]
+	if peer.running {
+		return
+	}
+	for _, s := range w.pairs {
+		if s.nodes[m.idx].alive {
+			w.count(cSurvivorHeartbeatFailed)
+		}
+	}
+}
