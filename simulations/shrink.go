@@ -138,6 +138,14 @@ func Command(cfg Config, pairConfig string) string {
 		b.WriteString(" --pairs ")
 		b.WriteString(strconv.Itoa(cfg.Pairs))
 	}
+	if cfg.StoreWriteTime > 0 {
+		b.WriteString(" --store-write-time ")
+		b.WriteString(cfg.StoreWriteTime.String())
+	}
+	if cfg.HostWriteBound > 0 {
+		b.WriteString(" --host-write-bound ")
+		b.WriteString(strconv.Itoa(cfg.HostWriteBound))
+	}
 	if cfg.FaultsSet {
 		b.WriteString(" --faults ")
 		b.WriteString(shellQuote(FormatFaults(cfg.Faults)))

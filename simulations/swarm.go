@@ -26,6 +26,10 @@ type SwarmConfig struct {
 	// pairs each node hosts (see Config).
 	Leadership Leadership
 	Pairs      int
+	// StoreWriteTime and HostWriteBound: the store's throughput and the
+	// nodes' bound on writes in flight (see Config).
+	StoreWriteTime time.Duration
+	HostWriteBound int
 	// Workers is how many simulations run at once; default GOMAXPROCS.
 	Workers int
 	// ShrinkBudget bounds the runs spent minimising each failing seed's
@@ -76,7 +80,8 @@ func (c SwarmConfig) SeedConfig(seed uint64) Config {
 	if sc == "" {
 		sc = "random"
 	}
-	return Config{Scenario: sc, Seed: seed, Duration: d, Rules: c.Rules, AllowUnsafe: c.AllowUnsafe, Fsync: c.Fsync, Leadership: c.Leadership, Pairs: c.Pairs}
+	return Config{Scenario: sc, Seed: seed, Duration: d, Rules: c.Rules, AllowUnsafe: c.AllowUnsafe, Fsync: c.Fsync, Leadership: c.Leadership, Pairs: c.Pairs,
+		StoreWriteTime: c.StoreWriteTime, HostWriteBound: c.HostWriteBound}
 }
 
 // Swarm runs c.Seeds independent simulations on c.Workers goroutines (each

@@ -26,6 +26,8 @@ type simulateFlags struct {
 	allowUnsafe bool
 	leadership  string
 	pairs       int
+	storeWrite  time.Duration
+	writeBound  int
 	faults      string
 	fsync       string
 	out         string
@@ -73,6 +75,8 @@ schedule delta debugging found. See docs/simulation.md.`,
 	fl.BoolVar(&f.allowUnsafe, "allow-unsafe-config", false, "accept rules that break the safety inequality (to watch the checker find the split brain)")
 	fl.StringVar(&f.leadership, "leadership", "per-pair", "how leadership is kept: per-pair (every pair heartbeats its register) or node (one liveness record per node, docs/failover.md)")
 	fl.IntVar(&f.pairs, "pairs", 1, "pairs each node hosts (every pair with the same rules)")
+	fl.DurationVar(&f.storeWrite, "store-write-time", 0, "the store's service time per write, writes served one after another (0: none; docs/simulation.md)")
+	fl.IntVar(&f.writeBound, "host-write-bound", 0, "at most this many member KV writes, and as many event appends, in flight per node, as the runtime keeps (64); 0: unbounded")
 	fl.StringVar(&f.faults, "faults", "", "fault schedule replacing the scenario's, e.g. 'partition(site-a,both)@12.5s+4s;crash(site-b)@1m'")
 	fl.StringVar(&f.fsync, "fsync", "", "simulated NATS durability: always or interval (default: always)")
 	fl.StringVar(&f.out, "out", "", "write the run's history to this file in the export format")
@@ -125,6 +129,9 @@ func runSimulate(cmd *cobra.Command, f simulateFlags, stdout, stderr io.Writer) 
 	if f.pairs < 1 {
 		return usage("--pairs = %d: must be at least 1", f.pairs)
 	}
+	if f.storeWrite < 0 || f.writeBound < 0 {
+		return usage("--store-write-time and --host-write-bound must not be negative")
+	}
 	if f.swarm {
 		for _, name := range []string{"scenario", "seed", "faults", "out", "trace"} {
 			if set(name) {
@@ -151,7 +158,7 @@ func runSimulate(cmd *cobra.Command, f simulateFlags, stdout, stderr io.Writer) 
 		return usage("unknown scenario %q; see understudy simulate --list", f.scenario)
 	}
 	cfg := simulations.Config{Scenario: f.scenario, Seed: f.seed, Duration: f.duration, Rules: rules, AllowUnsafe: f.allowUnsafe, Fsync: fsync,
-		Leadership: lead, Pairs: f.pairs}
+		Leadership: lead, Pairs: f.pairs, StoreWriteTime: f.storeWrite, HostWriteBound: f.writeBound}
 	if set("faults") {
 		fs, err := simulations.ParseFaults(f.faults, rules.Primary, rules.Replica)
 		if err != nil {
@@ -318,7 +325,7 @@ func runSwarm(cmd *cobra.Command, f simulateFlags, rules failover.Rules, fsync s
 	sc := simulations.SwarmConfig{
 		Seeds: f.seeds, FirstSeed: f.firstSeed, Duration: f.duration, Rules: rules, AllowUnsafe: f.allowUnsafe,
 		Fsync: fsync, Workers: f.workers, ShrinkBudget: f.shrink, PairConfig: f.pairConfig,
-		Leadership: lead, Pairs: f.pairs,
+		Leadership: lead, Pairs: f.pairs, StoreWriteTime: f.storeWrite, HostWriteBound: f.writeBound,
 	}
 	if sc.Duration == 0 {
 		sc.Duration = 10 * time.Minute
