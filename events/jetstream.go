@@ -154,6 +154,23 @@ func (l *JetStreamLog) LastSequence(ctx context.Context, subject string) (uint64
 	return m.Sequence, nil
 }
 
+// Record implements Log with one message get (a direct get where the
+// stream allows it).
+func (l *JetStreamLog) Record(ctx context.Context, seq uint64) (Record, error) {
+	if seq == 0 {
+		return Record{}, fmt.Errorf("events: record 0 of stream %q: %w", l.name, ErrNotFound)
+	}
+	m, err := l.stream.GetMsg(ctx, seq)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return Record{}, fmt.Errorf("events: record %d of stream %q: %w", seq, l.name, ErrNotFound)
+		}
+		return Record{}, fmt.Errorf("events: record %d of stream %q: %w", seq, l.name, mapJetStreamError(err))
+	}
+	return Record{Stream: l.name, Subject: m.Subject, Sequence: m.Sequence, Time: m.Time.UTC(),
+		Headers: copyHeaders(m.Header), Data: m.Data}, nil
+}
+
 // Read implements Log with an ordered consumer (ephemeral, in memory,
 // recreated by the client on a gap), deleted when the read ends. Records
 // are not decoded; Data and Subject are the client's own copies and may be

@@ -272,6 +272,19 @@ func (l *MemoryLog) LastSequence(ctx context.Context, subject string) (uint64, e
 	return l.lastBySubject[subject], nil
 }
 
+// Record implements Log. The record is a copy.
+func (l *MemoryLog) Record(ctx context.Context, seq uint64) (Record, error) {
+	if err := ctx.Err(); err != nil {
+		return Record{}, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if seq == 0 || seq > uint64(len(l.records)) {
+		return Record{}, fmt.Errorf("events: record %d of log %q: %w", seq, l.name, ErrNotFound)
+	}
+	return memCopyRecord(l.records[seq-1]), nil
+}
+
 // Read implements Log. Records are copies; the caller may keep and modify
 // them. The body of the loop may append to the same log.
 func (l *MemoryLog) Read(ctx context.Context, opts ReadOptions) iter.Seq2[Record, error] {

@@ -139,6 +139,11 @@ type Log interface {
 	// LastSequence returns the last sequence stored on subject (no
 	// wildcards), or 0 when the subject is empty.
 	LastSequence(ctx context.Context, subject string) (uint64, error)
+	// Record returns the record stored at stream sequence seq, or
+	// ErrNotFound when there is none (never stored, or removed by the
+	// stream's limits). One request, no consumer: what a writer checks
+	// after an ambiguous answer (a duplicate ack names a sequence).
+	Record(ctx context.Context, seq uint64) (Record, error)
 	// Read yields records in sequence order. A non-nil error ends the
 	// iteration; ctx cancellation ends it with ctx.Err() only when Follow is
 	// false (a followed read simply stops).

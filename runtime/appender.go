@@ -98,18 +98,10 @@ var errIDTaken = errors.New("message id taken by a message on another subject")
 // or no record left at that sequence — means the append was not stored;
 // that is logged here, once. An error means the record could not be read.
 func (a *appender) ownDuplicate(ctx context.Context, msgID string, ack events.Ack) (bool, error) {
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var (
-		rec   events.Record
-		found bool
-	)
-	for r, err := range a.log.Read(rctx, events.ReadOptions{FromSeq: ack.Sequence}) {
-		if err != nil {
-			return false, err
-		}
-		rec, found = r, r.Sequence == ack.Sequence
-		break
+	rec, err := a.log.Record(ctx, ack.Sequence)
+	found := err == nil
+	if err != nil && !errors.Is(err, events.ErrNotFound) {
+		return false, err
 	}
 	if found && rec.Subject == a.subject && rec.Headers["Nats-Msg-Id"] == msgID {
 		return true, nil

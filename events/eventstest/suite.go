@@ -76,6 +76,7 @@ func Run(t *testing.T, h Harness) {
 			t.Run("ConflictDoesNotRecordID", s.msgIDConflictNotRecorded)
 		})
 		t.Run("LastSequence", s.logLastSequence)
+		t.Run("RecordBySequence", s.logRecord)
 		t.Run("Read", func(t *testing.T) {
 			t.Run("FromSequence", s.readFromSequence)
 			t.Run("FromTime", s.readFromTime)
@@ -539,6 +540,32 @@ func (s suite) msgIDConflictNotRecorded(t *testing.T) {
 	// The rejected append did not store, so its id was not recorded.
 	ack := mustAppend(t, log, "ev.member.a", ev("1"), events.AppendOptions{MsgID: "m"})
 	wantSeqs(t, "read back", readAll(t, log, events.ReadOptions{}), ack.Sequence)
+}
+
+func (s suite) logRecord(t *testing.T) {
+	log := s.newLog(t)
+	ctx := context.Background()
+	if _, err := log.Record(ctx, 1); !errors.Is(err, events.ErrNotFound) {
+		t.Fatalf("Record(1) on an empty log: err = %v, want ErrNotFound", err)
+	}
+	mustAppend(t, log, "ev.member.a", ev("a1"), events.AppendOptions{})
+	b := mustAppend(t, log, "ev.member.b", ev("b1"), events.AppendOptions{MsgID: "id-b1", Headers: map[string]string{"X-Test": "v"}})
+	rec, err := log.Record(ctx, b.Sequence)
+	if err != nil {
+		t.Fatalf("Record(%d): %v", b.Sequence, err)
+	}
+	if rec.Sequence != b.Sequence || rec.Subject != "ev.member.b" || rec.Headers["X-Test"] != "v" || rec.Headers["Nats-Msg-Id"] != "id-b1" || rec.Time.IsZero() {
+		t.Fatalf("Record(%d) = seq %d subject %q headers %v time %v; want the record appended there", b.Sequence, rec.Sequence, rec.Subject, rec.Headers, rec.Time)
+	}
+	read := readAll(t, log, events.ReadOptions{FromSeq: b.Sequence})
+	if len(read) == 0 || !bytes.Equal(read[0].Data, rec.Data) {
+		t.Fatalf("Record(%d).Data differs from what Read yields there", b.Sequence)
+	}
+	for _, seq := range []uint64{0, b.Sequence + 1} {
+		if _, err := log.Record(ctx, seq); !errors.Is(err, events.ErrNotFound) {
+			t.Fatalf("Record(%d): err = %v, want ErrNotFound", seq, err)
+		}
+	}
 }
 
 func (s suite) logLastSequence(t *testing.T) {
