@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/anthdm/hollywood/actor"
@@ -83,6 +84,7 @@ type Host struct {
 	libvirt *libvirt.DriverProcess // the libvirt steps'; nil when HostOptions.Drivers were given
 	Log     events.Log
 	KV      events.KV
+	appends boundedLog // Log, with its appends counted
 	logger  *slog.Logger
 	metrics *MemberMetrics
 
@@ -229,6 +231,7 @@ func (h *Host) spawn(sl *memberSlot) {
 	}
 	sl.pid = h.engine.Spawn(NewMemberActor(sl.cfg, deps), "member", actor.WithID(id))
 	sl.started, sl.stopped = time.Now(), false
+	sl.deps.replayed = nil // taken by the first actor
 }
 
 // memberStopped records that generation gen of slot's member stopped for
@@ -326,7 +329,8 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 			return nil, err
 		}
 	}
-	h := &Host{Log: boundedLog{Log: evlog, sem: make(chan struct{}, maxAppends)}, KV: kv, logger: logger, metrics: opts.Metrics,
+	appends := boundedLog{Log: evlog, sem: make(chan struct{}, maxAppends), pending: new(atomic.Int64)}
+	h := &Host{Log: appends, appends: appends, KV: kv, logger: logger, metrics: opts.Metrics,
 		lvcfg: opts.LibvirtDriver, observe: opts.Observe, trust: opts.Trust, adding: map[string]bool{},
 		node: opts.Node, leadership: leadership, health: newStoreHealth(logger.With("component", "store-health"), opts.Metrics),
 		writes: make(chan struct{}, maxMemberWrites)}
@@ -354,22 +358,65 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 		}
 		slots = append(slots, h.newSlot(mc, closer))
 	}
+	replayMembers(ctx, h.Log, slots, logger)
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.leadership == LeadershipNode && len(members) > 0 {
 		h.startNode(members[0].Rules.HeartbeatTimeout)
 	}
-	for _, sl := range slots {
-		h.slots = append(h.slots, sl)
-		h.spawn(sl)
-		if len(slots) <= 100 {
+	h.mu.Unlock()
+	h.startMembers(slots)
+	if len(slots) <= 100 {
+		for _, sl := range slots {
 			logger.Info("member started", "pair", sl.cfg.Rules.Pair, "site", sl.cfg.Site)
 		}
-	}
-	if len(slots) > 100 {
+	} else {
 		logger.Info("members started", "members", len(slots))
 	}
 	return h, nil
+}
+
+// Members start in waves of startWave. Before the next wave, the host
+// waits — at most startWaveWait — until the store has taken what the last
+// one asked of it (appends and register writes in flight back under
+// their bounds): every member's start costs a fence chain, a register
+// decision and about a dozen appends, and a node that starts thousands at
+// once queues them all ahead of its members' first register writes and
+// its own liveness write, so that starting looks like a failing store.
+const (
+	startWave     = 64
+	startWaveWait = time.Second
+)
+
+// startMembers spawns the slots' members, wave by wave, without holding
+// h.mu between waves (the node's endpoints read the slots meanwhile).
+func (h *Host) startMembers(slots []*memberSlot) {
+	for i := 0; i < len(slots); i += startWave {
+		if i > 0 {
+			h.settle(startWaveWait)
+		}
+		h.mu.Lock()
+		if h.stopping {
+			h.mu.Unlock()
+			return
+		}
+		for _, sl := range slots[i:min(i+startWave, len(slots))] {
+			h.slots = append(h.slots, sl)
+			h.spawn(sl)
+		}
+		h.mu.Unlock()
+	}
+}
+
+// settle waits until the host's appends and member writes in flight are
+// back within their bounds, or for at most wait.
+func (h *Host) settle(wait time.Duration) {
+	deadline := time.Now().Add(wait)
+	for time.Now().Before(deadline) {
+		if h.appends.pending.Load() <= maxAppends && len(h.writes) < maxMemberWrites/2 {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // A host bounds what its members have in flight at the store: when many
@@ -389,22 +436,31 @@ const (
 type boundedLog struct {
 	events.Log
 	sem chan struct{}
+	// pending counts the appends waiting for the bound or in flight.
+	pending *atomic.Int64
 }
 
 func (l boundedLog) acquire(ctx context.Context) error {
+	l.pending.Add(1)
 	select {
 	case l.sem <- struct{}{}:
 		return nil
 	case <-ctx.Done():
+		l.pending.Add(-1)
 		return ctx.Err()
 	}
+}
+
+func (l boundedLog) release() {
+	<-l.sem
+	l.pending.Add(-1)
 }
 
 func (l boundedLog) Append(ctx context.Context, subject string, ev events.Event, opts events.AppendOptions) (events.Ack, error) {
 	if err := l.acquire(ctx); err != nil {
 		return events.Ack{}, err
 	}
-	defer func() { <-l.sem }()
+	defer l.release()
 	return l.Log.Append(ctx, subject, ev, opts)
 }
 
@@ -412,7 +468,7 @@ func (l boundedLog) AppendRaw(ctx context.Context, subject string, data []byte, 
 	if err := l.acquire(ctx); err != nil {
 		return events.Ack{}, err
 	}
-	defer func() { <-l.sem }()
+	defer l.release()
 	return l.Log.AppendRaw(ctx, subject, data, opts)
 }
 

@@ -87,6 +87,10 @@ type MemberDeps struct {
 	// health, when set, gets the answer time of every write (per-pair
 	// leadership: the members' writes are the node's heartbeats).
 	health *storeHealth
+	// replayed, when set, is the member's state machine already folded
+	// from its subject by the host's start-up replay (replayMembers); the
+	// first actor of the slot takes it.
+	replayed *replayed
 	// writes, when set, bounds the KV writes the host's members have in
 	// flight (see maxMemberWrites).
 	writes chan struct{}
@@ -269,26 +273,28 @@ func (a *memberActor) Receive(c *actor.Context) {
 func (a *memberActor) started(c *actor.Context) {
 	a.pid, a.engine, a.base = c.PID(), c.Engine(), time.Now()
 	a.ctx, a.cancel = context.WithCancel(context.Background())
-	opts := a.cfg.Options
-	opts.FenceBudget = max(opts.FenceBudget, a.cfg.Procedures.Fence.WorstCase())
-	if fb, ok := a.cfg.Workload.(fenceBudgeter); ok {
-		opts.FenceBudget = max(opts.FenceBudget, fb.FenceBudget())
-	}
-	m, err := failover.NewMember(a.cfg.Site, a.cfg.Rules, opts)
-	if err != nil {
-		a.log.Error("member refused its rules", "err", err)
-		a.stop(c, "refused its rules: "+err.Error())
-		return
-	}
-	a.m = m
 	subject := failover.Subject(a.cfg.Rules.Pair, a.cfg.Site)
+	pre := a.deps.replayed.take() // once: a restarted actor reads its log afresh
+	if pre != nil {
+		a.m = pre.m
+	} else {
+		m, err := memberMachine(a.cfg)
+		if err != nil {
+			a.log.Error("member refused its rules", "err", err)
+			a.stop(c, "refused its rules: "+err.Error())
+			return
+		}
+		a.m = m
+	}
 	a.lag.limit, a.lag.keep = a.cfg.Rules.HeartbeatTimeout, 64 // 64 heartbeats: far past the lag limit
 	a.app = newAppender(a.deps.Log, subject, a.log)
 	a.app.onConflict = func(err error) { a.engine.Send(a.pid, memberConflict{err}) }
 	a.app.onAppended = a.observed
-	if last, n, ok := a.replay(subject); ok {
+	if pre != nil {
+		a.app.setLast(pre.last) // the host's one-pass replay logged it
+	} else if last, n, ok := a.replay(subject); ok {
 		a.app.setLast(last)
-		a.log.Info("member replayed its log", "subject", subject, "events", n, "last_seq", last, "term", m.Term())
+		a.log.Info("member replayed its log", "subject", subject, "events", n, "last_seq", last, "term", a.m.Term())
 	}
 	a.app.start()
 	a.workload = a.cfg.workload(a.deps.Drivers)
@@ -326,6 +332,17 @@ func (a *memberActor) petter() {
 	}
 }
 
+// memberMachine builds cfg's state machine, its fence budget covering its
+// procedures' and its workload's worst case.
+func memberMachine(cfg MemberConfig) (*failover.Member, error) {
+	opts := cfg.Options
+	opts.FenceBudget = max(opts.FenceBudget, cfg.Procedures.Fence.WorstCase())
+	if fb, ok := cfg.Workload.(fenceBudgeter); ok {
+		opts.FenceBudget = max(opts.FenceBudget, fb.FenceBudget())
+	}
+	return failover.NewMember(cfg.Site, cfg.Rules, opts)
+}
+
 // replay folds the member's own subject into the fresh member. It is best
 // effort: a member always starts fenced, so a log it cannot read (NATS
 // down) costs history, not safety; the appender then reads the last
@@ -340,24 +357,33 @@ func (a *memberActor) replay(subject string) (last uint64, n int, ok bool) {
 			return 0, 0, false
 		}
 		last = rec.Sequence
-		if _, ok := events.AppendedBy(rec); !ok {
-			a.log.Warn("foreign record in member log (no appender wrote it), skipped", "subject", rec.Subject, "seq", rec.Sequence,
-				"msg_id", rec.Headers["Nats-Msg-Id"], "data", events.HexPrefix(rec.Data))
-			continue
+		if foldRecord(a.m, codec, rec, a.log) {
+			n++
 		}
-		ev, err := codec.DecodeRecord(rec)
-		if err != nil {
-			a.log.Error("corrupt event in member log, skipped", "subject", rec.Subject, "seq", rec.Sequence, "err", err)
-			continue
-		}
-		if u, unknown := ev.(*events.Unknown); unknown {
-			a.log.Warn("unknown event in member log, kept and skipped", "subject", rec.Subject, "seq", rec.Sequence, "type", u.Type, "version", u.Version)
-			continue
-		}
-		a.m.Apply(ev)
-		n++
 	}
 	return last, n, true
+}
+
+// foldRecord applies one record of a member's own subject to m, unless it
+// is foreign (no appender wrote it), corrupt or of an unknown type: each
+// of those is logged and skipped. It reports whether m took it.
+func foldRecord(m *failover.Member, codec *events.Registry, rec events.Record, log *slog.Logger) bool {
+	if _, ok := events.AppendedBy(rec); !ok {
+		log.Warn("foreign record in member log (no appender wrote it), skipped", "subject", rec.Subject, "seq", rec.Sequence,
+			"msg_id", rec.Headers["Nats-Msg-Id"], "data", events.HexPrefix(rec.Data))
+		return false
+	}
+	ev, err := codec.DecodeRecord(rec)
+	if err != nil {
+		log.Error("corrupt event in member log, skipped", "subject", rec.Subject, "seq", rec.Sequence, "err", err)
+		return false
+	}
+	if u, unknown := ev.(*events.Unknown); unknown {
+		log.Warn("unknown event in member log, kept and skipped", "subject", rec.Subject, "seq", rec.Sequence, "type", u.Type, "version", u.Version)
+		return false
+	}
+	m.Apply(ev)
+	return true
 }
 
 // conflictFenceSeq marks the fence chain a member runs when it finds a
