@@ -61,6 +61,11 @@ type Config struct {
 	// HTTP is the host:port of /healthz and /metrics; port 0 picks a free one.
 	HTTP string    `yaml:"http"`
 	Log  LogConfig `yaml:"log"`
+	// Pprof, when set, is the host:port of Go's profiler
+	// (/debug/pprof/, net/http/pprof) on a listener of its own: for
+	// finding where a node's CPU goes. Off by default; bind it to
+	// loopback, never to the load balancers' network.
+	Pprof string `yaml:"pprof"`
 
 	// Node is this node's name: the site as which it runs pair members
 	// whose entry names no member.
@@ -335,6 +340,7 @@ type settings struct {
 	deadAfter time.Duration
 
 	httpAddr  string
+	pprofAddr string
 	logLevel  slog.Level
 	logFormat LogFormat
 
@@ -669,6 +675,12 @@ func (c Config) resolve() (settings, error) {
 		bad("http", err.Error(), c.HTTP)
 	}
 	s.httpAddr = c.HTTP
+	if c.Pprof != "" {
+		if _, _, err := splitListen(c.Pprof, false); err != nil {
+			bad("pprof", err.Error(), c.Pprof)
+		}
+		s.pprofAddr = c.Pprof
+	}
 
 	if err := s.logLevel.UnmarshalText([]byte(c.Log.Level)); err != nil || !isNamedLevel(c.Log.Level) {
 		bad("log.level", "must be one of debug, info, warn, error", c.Log.Level)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"sync/atomic"
 	"time"
@@ -80,6 +81,15 @@ func Serve(ctx context.Context, cfg Config) error {
 	}()
 	n.httpAddr = ln.Addr().String()
 	log.Info("http listening", "addr", n.httpAddr, "paths", "/healthz /metrics /primary /replica /health")
+
+	if s.pprofAddr != "" {
+		stop, err := servePprof(s.pprofAddr, log)
+		if err != nil {
+			n.shutdown(httpSrv, httpDone)
+			return err
+		}
+		defer stop()
+	}
 
 	runErr := n.run(ctx)
 	if cause := context.Cause(ctx); runErr == nil && cause != nil && !errors.Is(cause, context.Canceled) {
@@ -412,4 +422,23 @@ func (n *node) healthz(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(h)
+}
+
+// servePprof serves Go's profiler on addr until stop is called.
+func servePprof(addr string, log *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("runtime: pprof: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog: slog.NewLogLogger(log.With("component", "pprof").Handler(), slog.LevelWarn)}
+	go func() { _ = srv.Serve(ln) }()
+	log.Info("pprof listening", "addr", ln.Addr().String(), "path", "/debug/pprof/")
+	return func() { _ = srv.Close() }, nil
 }

@@ -25,6 +25,7 @@
 #           go.mod differs from HEAD's); the harness itself always comes
 #           from the working tree
 # KEEP      1: keep each run's directory (node files, logs, store)
+# PPROF     1: the member nodes serve Go's profiler (address in each node's log)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -95,6 +96,7 @@ args=(-bin "$tmp/bin/understudy" -rev "$rev" -duration "$DURATION" -topology "$T
 [ "$KILL" = 1 ] && args+=(-kill)
 [ "$REPLAY" = 0 ] && args+=(-replay=false)
 [ "$KEEP" = 1 ] && args+=(-keep -workdir /tmp)
+[ "${PPROF:-0}" = 1 ] && args+=(-pprof)
 [ "$tty" = 1 ] && args+=(-progress)
 [ -n "$JSON" ] && args+=(-json-out "$JSON")
 

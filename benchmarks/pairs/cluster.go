@@ -39,6 +39,7 @@ type nodeSpec struct {
 	url      string // with !embedded: the store's client URL
 	mode     string // leadership key; "" writes none (today's code knows none)
 	pairs    int    // members to host, one per pair pg-0000..
+	pprof    bool   // serve Go's profiler on a free loopback port (the log's "pprof listening" line)
 }
 
 // pairName is the name of the i-th pair, zero-padded so that names sort.
@@ -62,6 +63,9 @@ func nodeFile(s nodeSpec) string {
 	}
 	b.WriteString("http: \"127.0.0.1:0\"\n")
 	b.WriteString("log: {level: info, format: json}\n")
+	if s.pprof {
+		b.WriteString("pprof: \"127.0.0.1:0\"\n")
+	}
 	if s.mode != "" {
 		fmt.Fprintf(&b, "leadership: %s\n", s.mode)
 	}
@@ -279,7 +283,7 @@ func startCluster(ctx context.Context, o options, dir string) (c *cluster, start
 		return startNode(o.bin, s.name, path, filepath.Join(dir, s.name+".log"))
 	}
 	var first *proc // the process embedding NATS
-	a := nodeSpec{name: siteA, dataDir: filepath.Join(dir, siteA), mode: o.mode, pairs: o.pairs}
+	a := nodeSpec{name: siteA, dataDir: filepath.Join(dir, siteA), mode: o.mode, pairs: o.pairs, pprof: o.pprof}
 	switch o.topology {
 	case topoStore:
 		if c.store, err = launch(nodeSpec{name: "store", dataDir: filepath.Join(dir, "store"), embedded: true}); err != nil {
@@ -311,7 +315,7 @@ func startCluster(ctx context.Context, o options, dir string) (c *cluster, start
 			return c, started, err
 		}
 	}
-	if c.b, err = launch(nodeSpec{name: siteB, dataDir: filepath.Join(dir, siteB), url: c.natsURL, mode: o.mode, pairs: o.pairs}); err != nil {
+	if c.b, err = launch(nodeSpec{name: siteB, dataDir: filepath.Join(dir, siteB), url: c.natsURL, mode: o.mode, pairs: o.pairs, pprof: o.pprof}); err != nil {
 		return c, started, err
 	}
 	return c, started, nil

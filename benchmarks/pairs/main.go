@@ -46,6 +46,7 @@ type options struct {
 	workDir     string
 	keep        bool
 	progress    bool
+	pprof       bool
 }
 
 func main() {
@@ -65,6 +66,7 @@ func main() {
 	flag.StringVar(&o.workDir, "workdir", "", "parent of the run's temporary directory (default: $TMPDIR)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (node files, logs, JetStream store)")
 	flag.BoolVar(&o.progress, "progress", false, "show progress on stderr")
+	flag.BoolVar(&o.pprof, "pprof", false, "member nodes serve Go's profiler on a free loopback port (see each node's log for the address); needs a binary that knows the pprof key")
 	flag.Parse()
 	switch {
 	case o.bin == "":
