@@ -163,6 +163,7 @@ type memberActor struct {
 	resource *actor.PID
 	workload capability.Workload
 	// lastCheck: the latest check result, for the snapshot.
+	gauges      *memberGauges // nil without metrics
 	lastCheck   *failover.ProcedureResult
 	lastCheckAt time.Time
 	app         *appender
@@ -274,6 +275,7 @@ func (a *memberActor) started(c *actor.Context) {
 	a.pid, a.engine, a.base = c.PID(), c.Engine(), time.Now()
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	subject := failover.Subject(a.cfg.Rules.Pair, a.cfg.Site)
+	a.gauges = a.deps.Metrics.member(a.cfg.Rules.Pair, a.cfg.Site)
 	pre := a.deps.replayed.take() // once: a restarted actor reads its log afresh
 	if pre != nil {
 		a.m = pre.m
@@ -523,7 +525,7 @@ func (a *memberActor) handle(r failover.Ready) {
 		a.log.Log(context.Background(), transitionLevel(ev), "transition", "event", ev.EventType(), "detail", fmt.Sprintf("%+v", ev),
 			"phase", a.m.Phase().String(), "term", a.m.Term())
 	}
-	a.deps.Metrics.observe(a.cfg.Rules.Pair, a.cfg.Site, a.m, r.Events)
+	a.gauges.observe(a.m, r.Events)
 	a.app.add(r.Events...)
 	for _, w := range r.Writes {
 		if w.Kind == failover.WriteBump || w.Kind == failover.WriteLiveness {
@@ -871,6 +873,19 @@ func (l *watchLag) oldestUndelivered() (ackedWrite, bool) {
 	w := l.acked[0]
 	l.acked = l.acked[:0]
 	return w, true
+}
+
+// behind reports whether any acknowledged write is still undelivered.
+func (l *watchLag) behind() bool {
+	delivered := l.delivered.Load()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, a := range l.acked {
+		if a.rev > delivered {
+			return true
+		}
+	}
+	return false
 }
 
 // input turns a KV entry of the pair into a member input (nil: not one,

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -535,6 +536,131 @@ func TestNodeWatchLagIsReplaced(t *testing.T) {
 			t.Errorf("pair %s: %d promotions", r.Pair, n)
 		}
 	}
+}
+
+// A node's watch that delivers every write, but late (a busy node, a
+// store serving thousands of keys), is slow, not stuck: the liveness
+// records are read directly until it catches up and it is never replaced
+// — a fresh watch would redeliver every key of the bucket and make the
+// node slower still.
+func TestSlowNodeWatchIsNotReplaced(t *testing.T) {
+	t.Parallel()
+	fn := startFailoverNATS(t)
+	pairs := nodePairs(t, "node-slow-watch", 2)
+	hb := pairs[0].HeartbeatTimeout
+	tr := newTransitions()
+	log, rec := newLogRecorder(t)
+	slow := &delayingKV{delay: 3 * hb / 2}
+	// A steady stream of other writes: the watch always has something to
+	// deliver, late.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		for i := 0; ctx.Err() == nil; i++ {
+			if _, err := fn.kv.Put(ctx, "slowtest.filler", []byte(fmt.Sprint(i))); err != nil && i < 3 {
+				t.Logf("filler: %v", err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	hostNode(t, fn, "node-b", "site-b", pairs, tr, nil, nil)
+	hostNode(t, fn, "node-a", "site-a", pairs, tr, log, func(o *HostOptions) {
+		o.wrapKV = func(kv events.KV) events.KV { slow.KV = kv; return slow }
+	})
+	for _, r := range pairs {
+		tr.waitPair(t, r.Pair, r.Primary, "failover.serving_started", 1, 10*time.Second)
+	}
+	rec.waitFor(t, "kv watch of the node delivers, but behind acknowledged writes; reading the liveness records directly until it catches up", 1, 20*hb)
+	time.Sleep(10 * hb)
+	if n := len(rec.matching("kv watch of the node lags behind acknowledged writes; watching afresh, and reading the liveness records directly meanwhile")); n != 0 {
+		t.Errorf("a slow watch was replaced %d times", n)
+	}
+	if w := slow.count(); w != 1 {
+		t.Errorf("%d watches; want the first one kept", w)
+	}
+	for _, r := range pairs {
+		if n := tr.countPair(r.Pair, "failover.leadership_lost"); n != 0 {
+			t.Errorf("pair %s lost its leadership %d times", r.Pair, n)
+		}
+		if n := tr.countPair(r.Pair, "failover.promoted"); n != 1 {
+			t.Errorf("pair %s: %d promotions", r.Pair, n)
+		}
+	}
+}
+
+// delayingKV's watches deliver the initial values at once, then every
+// entry later than the real watch did — by as long as the watch has been
+// live, up to delay — in order: a watch that keeps delivering but falls
+// behind in time.
+type delayingKV struct {
+	events.KV
+	delay   time.Duration
+	mu      sync.Mutex
+	watches int
+}
+
+func (k *delayingKV) count() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.watches
+}
+
+func (k *delayingKV) Watch(ctx context.Context, pattern string, opts events.WatchOptions) (events.Watcher, error) {
+	k.mu.Lock()
+	k.watches++
+	k.mu.Unlock()
+	real, err := k.KV.Watch(ctx, pattern, opts)
+	if err != nil {
+		return nil, err
+	}
+	type timed struct {
+		e  events.Entry
+		at time.Time
+	}
+	line := make(chan timed, 1<<16)
+	w := &delayedWatch{ch: make(chan events.Entry, 64), done: make(chan struct{})}
+	go func() {
+		defer close(line)
+		var liveSince time.Time // the end marker's arrival
+		for e := range real.Updates() {
+			now := time.Now()
+			at := now.Add(-k.delay) // deliver at once
+			if !liveSince.IsZero() {
+				at = now.Add(min(k.delay, now.Sub(liveSince)) - k.delay)
+			}
+			if e.Revision == 0 {
+				liveSince = now
+			}
+			line <- timed{e, at}
+		}
+	}()
+	go func() {
+		defer close(w.ch)
+		defer real.Stop()
+		for x := range line {
+			time.Sleep(time.Until(x.at.Add(k.delay)))
+			select {
+			case w.ch <- x.e:
+			case <-w.done:
+				return
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return w, nil
+}
+
+type delayedWatch struct {
+	ch   chan events.Entry
+	done chan struct{}
+	once sync.Once
+}
+
+func (w *delayedWatch) Updates() <-chan events.Entry { return w.ch }
+func (w *delayedWatch) Stop() error {
+	w.once.Do(func() { close(w.done) })
+	return nil
 }
 
 // A node may write its own liveness record and probe key, and the records

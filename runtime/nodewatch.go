@@ -108,11 +108,18 @@ func (w *nodeWatch) run() {
 	}
 }
 
-// follow hands one watch's entries over until it ends or lags (see
-// memberActor.follow: the same rule, for every write of the node).
+// follow hands one watch's entries over until it ends or is stuck (see
+// memberActor.follow: the same rule, for every write of the node). A
+// watch that lags behind the node's acknowledged writes while it still
+// delivers is slow, not stuck: the liveness records are read directly
+// meanwhile (bridge), and it is replaced only once it has delivered
+// nothing for a heartbeat — a fresh watch redelivers every key of the bucket
+// (five per pair), which would make a busy node slower still.
 func (w *nodeWatch) follow(watcher events.Watcher, session uint64) {
 	check := time.NewTicker(w.lag.limit / 2)
 	defer check.Stop()
+	progress := w.lag.delivered.Load() // delivered revision at the last check
+	moved := time.Now()                // when a check last saw it move
 	for {
 		select {
 		case e, ok := <-watcher.Updates():
@@ -129,11 +136,25 @@ func (w *nodeWatch) follow(watcher events.Watcher, session uint64) {
 			w.lag.sawDelivered(e.Revision)
 			w.route(e, session)
 		case <-check.C:
-			if a, lagging := w.lag.oldestUndelivered(); lagging {
+			delivered := w.lag.delivered.Load()
+			if delivered > progress {
+				progress, moved = delivered, time.Now()
+			}
+			a, lagging := w.lag.oldestUndelivered()
+			switch {
+			case lagging && time.Since(moved) >= w.lag.limit:
 				w.log.Warn("kv watch of the node lags behind acknowledged writes; watching afresh, and reading the liveness records directly meanwhile",
-					"acked_revision", a.rev, "delivered_revision", w.lag.delivered.Load(), "acked_ago", time.Since(a.at))
+					"acked_revision", a.rev, "delivered_revision", delivered, "acked_ago", time.Since(a.at))
 				w.bridging.Store(true)
 				return
+			case lagging:
+				if w.bridging.CompareAndSwap(false, true) {
+					w.log.Warn("kv watch of the node delivers, but behind acknowledged writes; reading the liveness records directly until it catches up",
+						"acked_revision", a.rev, "delivered_revision", delivered, "acked_ago", time.Since(a.at))
+				}
+			case w.bridging.Load() && !w.lag.behind():
+				w.bridging.Store(false)
+				w.log.Info("kv watch of the node caught up; direct reads of the liveness records stop")
 			}
 		case <-w.ctx.Done():
 			return
