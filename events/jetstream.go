@@ -171,6 +171,26 @@ func (l *JetStreamLog) Record(ctx context.Context, seq uint64) (Record, error) {
 		Headers: copyHeaders(m.Header), Data: m.Data}, nil
 }
 
+// RecordOn implements Log with one message get of the next record on
+// subject.
+func (l *JetStreamLog) RecordOn(ctx context.Context, subject string, from uint64) (Record, error) {
+	if subject == "" || strings.ContainsAny(subject, "*>") {
+		return Record{}, fmt.Errorf("events: record on %q: a single subject without wildcards is required", subject)
+	}
+	m, err := l.stream.GetMsg(ctx, max(from, 1), jetstream.WithGetMsgSubject(subject))
+	if err != nil {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return Record{}, fmt.Errorf("events: no record on %q from %d in stream %q: %w", subject, from, l.name, ErrNotFound)
+		}
+		return Record{}, fmt.Errorf("events: record on %q from %d in stream %q: %w", subject, from, l.name, mapJetStreamError(err))
+	}
+	if m.Subject != subject {
+		return Record{}, fmt.Errorf("events: no record on %q from %d in stream %q: %w", subject, from, l.name, ErrNotFound)
+	}
+	return Record{Stream: l.name, Subject: m.Subject, Sequence: m.Sequence, Time: m.Time.UTC(),
+		Headers: copyHeaders(m.Header), Data: m.Data}, nil
+}
+
 // Read implements Log with an ordered consumer (ephemeral, in memory,
 // recreated by the client on a gap), deleted when the read ends. Records
 // are not decoded; Data and Subject are the client's own copies and may be

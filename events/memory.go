@@ -285,6 +285,24 @@ func (l *MemoryLog) Record(ctx context.Context, seq uint64) (Record, error) {
 	return memCopyRecord(l.records[seq-1]), nil
 }
 
+// RecordOn implements Log. The record is a copy.
+func (l *MemoryLog) RecordOn(ctx context.Context, subject string, from uint64) (Record, error) {
+	if err := ctx.Err(); err != nil {
+		return Record{}, err
+	}
+	if err := memCheckSubject(subject, false); err != nil {
+		return Record{}, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for seq := max(from, 1); seq <= uint64(len(l.records)); seq++ {
+		if rec := l.records[seq-1]; rec.Subject == subject {
+			return memCopyRecord(rec), nil
+		}
+	}
+	return Record{}, fmt.Errorf("events: no record on %q from %d in log %q: %w", subject, from, l.name, ErrNotFound)
+}
+
 // Read implements Log. Records are copies; the caller may keep and modify
 // them. The body of the loop may append to the same log.
 func (l *MemoryLog) Read(ctx context.Context, opts ReadOptions) iter.Seq2[Record, error] {

@@ -144,6 +144,10 @@ type Log interface {
 	// stream's limits). One request, no consumer: what a writer checks
 	// after an ambiguous answer (a duplicate ack names a sequence).
 	Record(ctx context.Context, seq uint64) (Record, error)
+	// RecordOn returns the first record on subject (no wildcards) at or
+	// after stream sequence from, or ErrNotFound when there is none. One
+	// request, no consumer.
+	RecordOn(ctx context.Context, subject string, from uint64) (Record, error)
 	// Read yields records in sequence order. A non-nil error ends the
 	// iteration; ctx cancellation ends it with ctx.Err() only when Follow is
 	// false (a followed read simply stops).

@@ -147,31 +147,66 @@ func (a *appender) add(evs ...events.Event) {
 // reads to tell foreign records from another appender's.
 const maxForeign = 1000
 
-// skipForeign reads the subject's records after last. When every one is
-// foreign — written by no appender (events.AppendedBy): a tool, a typo, an
-// attacker's publish — it reports each once, moves the expected sequence
-// past them and returns how many it skipped; the next append goes after
-// them and nothing of them reaches the actor. When any was written by
-// another appender (a twin or a zombie of this actor) it returns 0: that
-// conflict is real. An error means the records could not be read.
-func (a *appender) skipForeign(ctx context.Context, last uint64) (int, error) {
+// conflictVerdict is what the records after an appender's last sequence
+// say of a conflict (resolveConflict).
+type conflictVerdict int
+
+const (
+	// verdictTwin: another appender's record (a twin or a zombie of this
+	// actor), or a conflict no record explains: the conflict is real.
+	verdictTwin conflictVerdict = iota
+	// verdictForeign: only records no appender wrote (a tool, a typo, an
+	// attacker's publish): skipped; the next append goes after them.
+	verdictForeign
+	// verdictLanded: this appender's own attempt at its head event was
+	// stored (an attempt whose answer was lost, retried after its
+	// duplicate could not be recognised): the append succeeded there.
+	verdictLanded
+)
+
+// resolveConflict reads the subject's records after last, one direct get
+// each (no consumer: a conflict comes when the store is slow). Foreign
+// records before an own or another appender's record are reported once
+// and passed over; with verdictLanded, seq is the own record's sequence.
+// An error means the records could not be read: nothing is decided.
+func (a *appender) resolveConflict(ctx context.Context, last uint64) (verdict conflictVerdict, seq uint64, err error) {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var foreign []events.Record
-	for rec, err := range a.log.Read(rctx, events.ReadOptions{Subject: a.subject, FromSeq: last + 1}) {
-		if err != nil {
-			return 0, err
+	from := last + 1
+	for {
+		rec, err := a.log.RecordOn(rctx, a.subject, from)
+		if errors.Is(err, events.ErrNotFound) {
+			break
 		}
-		if nonce, ok := events.AppendedBy(rec); ok && nonce != a.nonce {
-			return 0, nil
+		if err != nil {
+			return verdictTwin, 0, err
+		}
+		if nonce, ok := events.AppendedBy(rec); ok {
+			if nonce != a.nonce {
+				return verdictTwin, 0, nil
+			}
+			a.skip(foreign)
+			return verdictLanded, rec.Sequence, nil
 		}
 		foreign = append(foreign, rec)
 		if len(foreign) > maxForeign {
-			return 0, fmt.Errorf("more than %d records after sequence %d", maxForeign, last)
+			return verdictTwin, 0, fmt.Errorf("more than %d records after sequence %d", maxForeign, last)
 		}
+		from = rec.Sequence + 1
 	}
 	if len(foreign) == 0 {
-		return 0, nil
+		return verdictTwin, 0, nil
+	}
+	a.skip(foreign)
+	return verdictForeign, 0, nil
+}
+
+// skip reports foreign records once and moves the expected sequence past
+// them: nothing of them reaches the actor.
+func (a *appender) skip(foreign []events.Record) {
+	if len(foreign) == 0 {
+		return
 	}
 	for _, rec := range foreign {
 		a.logger.Warn("foreign record on an actor's subject: skipped, never folded into its state",
@@ -180,7 +215,6 @@ func (a *appender) skipForeign(ctx context.Context, last uint64) (int, error) {
 	a.mu.Lock()
 	a.lastSeq = max(a.lastSeq, foreign[len(foreign)-1].Sequence)
 	a.mu.Unlock()
-	return len(foreign), nil
 }
 
 // stop ends the goroutine; queued events not yet appended are logged as lost.
@@ -293,10 +327,34 @@ func (a *appender) run() {
 		case err == nil:
 			backoff = 100 * time.Millisecond
 		case errors.Is(err, events.ErrConflict):
-			if skipped, serr := a.skipForeign(ctx, last); serr == nil && skipped > 0 {
+			verdict, seq, rerr := a.resolveConflict(ctx, last)
+			switch {
+			case rerr != nil && ctx.Err() == nil:
+				// Undecided: a twin would show in its records, which the
+				// store could not serve now. Retried, never concluded.
+				a.logger.Warn("event append conflict not resolved: the subject's records could not be read; retrying",
+					"subject", a.subject, "expected_last_seq", last, "retry_in", backoff, "err", err, "read_err", rerr)
+				select {
+				case <-time.After(backoff):
+				case <-a.stopped:
+					return
+				}
+				backoff = min(backoff*2, 5*time.Second)
+				continue
+			case verdict == verdictForeign:
 				continue // only foreign records moved the subject: append after them
-			} else if serr != nil {
-				err = fmt.Errorf("%w (and its records could not be read: %v)", err, serr)
+			case verdict == verdictLanded:
+				a.mu.Lock()
+				a.lastSeq = seq
+				a.queue = a.queue[1:]
+				a.mu.Unlock()
+				backoff = 100 * time.Millisecond
+				if a.onAppended != nil {
+					a.onAppended(ev, events.Ack{Sequence: seq, Duplicate: true})
+				}
+				continue
+			case ctx.Err() != nil:
+				return
 			}
 			a.mu.Lock()
 			lost := len(a.queue)

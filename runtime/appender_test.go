@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -343,5 +344,90 @@ func TestAppenderIDTakenOnAnotherSubject(t *testing.T) {
 	}
 	if n := len(logs.matching("event append failed, retrying")); n != 0 {
 		t.Errorf("%d more warnings of failed appends, want none", n)
+	}
+}
+
+// readFailingLog fails the first reads by sequence (RecordOn) it is asked
+// for: the store is too slow to serve them in time.
+type readFailingLog struct {
+	*scriptedLog
+	fail atomic.Int64
+}
+
+func (l *readFailingLog) RecordOn(ctx context.Context, subject string, from uint64) (events.Record, error) {
+	if l.fail.Add(-1) >= 0 {
+		return events.Record{}, context.DeadlineExceeded
+	}
+	return l.scriptedLog.RecordOn(ctx, subject, from)
+}
+
+// What a 10,000-pair node death did to the store: an attempt landed but
+// its answer never came (timeout); the retry met the subject moved (the
+// client could not recognise its own record in time, so it answers a
+// conflict, not a duplicate); and reading the subject's records failed at
+// first. The appender must neither stop its member (no twin was seen) nor
+// take its own record for a foreign one and append the event twice: it
+// retries the read and finds its own attempt stored.
+func TestAppenderOwnRecordAfterAmbiguousConflict(t *testing.T) {
+	mem := events.NewMemoryLog("EV", nil, Codec())
+	subject := failover.Subject("ambiguous", "site-a")
+	sl := &scriptedLog{Log: mem}
+	sl.script = []func(events.AppendOptions) (events.Ack, error){
+		func(o events.AppendOptions) (events.Ack, error) {
+			if _, err := mem.Append(context.Background(), subject, &failover.HeartbeatRecovered{Term: 1, AfterFailures: 1}, o); err != nil {
+				return events.Ack{}, err
+			}
+			return events.Ack{}, context.DeadlineExceeded // stored; the answer lost
+		},
+	}
+	for range 3 { // every retry meets the conflict
+		sl.script = append(sl.script, func(events.AppendOptions) (events.Ack, error) {
+			return events.Ack{}, events.APIError(10071, "wrong last sequence: 1")
+		})
+	}
+	log := &readFailingLog{scriptedLog: sl}
+	log.fail.Store(2)
+	logger, rec := newLogRecorder(t)
+	app := newAppender(log, subject, logger)
+	app.setLast(0)
+	conflict := make(chan error, 1)
+	appended := make(chan events.Ack, 2)
+	app.onConflict = func(err error) { conflict <- err }
+	app.onAppended = func(_ events.Event, ack events.Ack) { appended <- ack }
+	app.start()
+	defer app.stop()
+	app.add(&failover.HeartbeatRecovered{Term: 1, AfterFailures: 1}, &failover.HeartbeatRecovered{Term: 1, AfterFailures: 2})
+	var acks []events.Ack
+	for len(acks) < 2 {
+		select {
+		case err := <-conflict:
+			t.Fatalf("the member was stopped for a conflict: %v", err)
+		case ack := <-appended:
+			acks = append(acks, ack)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("the appender did not carry on (acks %+v)", acks)
+		}
+	}
+	if acks[0].Sequence != 1 || acks[1].Sequence != 2 {
+		t.Errorf("acks %+v: want the first event at 1 (its landed attempt), the second at 2", acks)
+	}
+	if f := rec.matching("foreign record on an actor's subject: skipped, never folded into its state"); len(f) != 0 {
+		t.Errorf("its own record reported as foreign: %+v", f)
+	}
+	if n := len(rec.matching("event append conflict not resolved: the subject's records could not be read; retrying")); n != 2 {
+		t.Errorf("unresolved conflict reported %d times, want 2 (one per failed read)", n)
+	}
+	n := 0
+	for r, err := range mem.Read(context.Background(), events.ReadOptions{Subject: subject}) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		n++
+		if _, ok := events.AppendedBy(r); !ok {
+			t.Errorf("record %d not an appender's", r.Sequence)
+		}
+	}
+	if n != 2 {
+		t.Errorf("subject holds %d records, want 2 (each event once)", n)
 	}
 }

@@ -77,6 +77,7 @@ func Run(t *testing.T, h Harness) {
 		})
 		t.Run("LastSequence", s.logLastSequence)
 		t.Run("RecordBySequence", s.logRecord)
+		t.Run("RecordOnSubject", s.logRecordOn)
 		t.Run("Read", func(t *testing.T) {
 			t.Run("FromSequence", s.readFromSequence)
 			t.Run("FromTime", s.readFromTime)
@@ -565,6 +566,33 @@ func (s suite) logRecord(t *testing.T) {
 		if _, err := log.Record(ctx, seq); !errors.Is(err, events.ErrNotFound) {
 			t.Fatalf("Record(%d): err = %v, want ErrNotFound", seq, err)
 		}
+	}
+}
+
+func (s suite) logRecordOn(t *testing.T) {
+	log := s.newLog(t)
+	ctx := context.Background()
+	if _, err := log.RecordOn(ctx, "ev.member.a", 1); !errors.Is(err, events.ErrNotFound) {
+		t.Fatalf("RecordOn on an empty log: err = %v, want ErrNotFound", err)
+	}
+	a1 := mustAppend(t, log, "ev.member.a", ev("a1"), events.AppendOptions{})
+	mustAppend(t, log, "ev.member.b", ev("b1"), events.AppendOptions{})
+	mustAppend(t, log, "ev.member.a.deeper", ev("ad"), events.AppendOptions{})
+	a2 := mustAppend(t, log, "ev.member.a", ev("a2"), events.AppendOptions{})
+	for _, c := range []struct {
+		from uint64
+		want uint64
+	}{{0, a1.Sequence}, {1, a1.Sequence}, {a1.Sequence + 1, a2.Sequence}, {a2.Sequence, a2.Sequence}} {
+		rec, err := log.RecordOn(ctx, "ev.member.a", c.from)
+		if err != nil || rec.Sequence != c.want || rec.Subject != "ev.member.a" {
+			t.Fatalf("RecordOn(ev.member.a, %d) = seq %d subject %q, %v; want seq %d", c.from, rec.Sequence, rec.Subject, err, c.want)
+		}
+	}
+	if _, err := log.RecordOn(ctx, "ev.member.a", a2.Sequence+1); !errors.Is(err, events.ErrNotFound) {
+		t.Fatalf("RecordOn past the subject's last record: err = %v, want ErrNotFound", err)
+	}
+	if _, err := log.RecordOn(ctx, "ev.member.*", 1); err == nil || errors.Is(err, events.ErrNotFound) {
+		t.Fatalf("RecordOn with a wildcard: err = %v, want a refusal", err)
 	}
 }
 
