@@ -9,7 +9,6 @@ import (
 	"maps"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/anthdm/hollywood/actor"
@@ -84,7 +83,7 @@ type Host struct {
 	libvirt *libvirt.DriverProcess // the libvirt steps'; nil when HostOptions.Drivers were given
 	Log     events.Log
 	KV      events.KV
-	appends boundedLog // Log, with its appends counted
+	gate    *storeGate // Log's appends and the members' writes go through it
 	logger  *slog.Logger
 	metrics *MemberMetrics
 
@@ -109,8 +108,6 @@ type Host struct {
 	liveness *actor.PID
 	raises   *raiseDeduper
 	publish  chan struct{}
-	// writes bounds the members' KV writes in flight.
-	writes chan struct{}
 
 	mu       sync.Mutex
 	slots    []*memberSlot
@@ -224,7 +221,7 @@ func (h *Host) spawn(sl *memberSlot) {
 	if h.leadership == LeadershipNode {
 		deps.watch, deps.raises, deps.publish = h.watch, h.raises, h.publish
 	}
-	deps.writes = h.writes
+	deps.gate = h.gate
 	id := sl.cfg.Rules.Pair + "." + sl.cfg.Site
 	if gen > 1 {
 		id = fmt.Sprintf("%s.%d", id, gen)
@@ -329,11 +326,11 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 			return nil, err
 		}
 	}
-	appends := boundedLog{Log: evlog, sem: make(chan struct{}, maxAppends), pending: new(atomic.Int64)}
-	h := &Host{Log: appends, appends: appends, KV: kv, logger: logger, metrics: opts.Metrics,
+	gate := newStoreGate()
+	h := &Host{Log: boundedLog{Log: evlog, gate: gate}, gate: gate, KV: kv, logger: logger, metrics: opts.Metrics,
 		lvcfg: opts.LibvirtDriver, observe: opts.Observe, trust: opts.Trust, adding: map[string]bool{},
 		node: opts.Node, leadership: leadership, health: newStoreHealth(logger.With("component", "store-health"), opts.Metrics),
-		writes: make(chan struct{}, maxMemberWrites)}
+	}
 	if err := h.checkStore(ctx, members); err != nil {
 		return nil, err
 	}
@@ -412,64 +409,11 @@ func (h *Host) startMembers(slots []*memberSlot) {
 func (h *Host) settle(wait time.Duration) {
 	deadline := time.Now().Add(wait)
 	for time.Now().Before(deadline) {
-		if h.appends.pending.Load() <= maxAppends && len(h.writes) < maxMemberWrites/2 {
+		if h.gate.settled() {
 			return
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-// A host bounds what its members have in flight at the store: when many
-// members act at once (a node's pairs all failing over), thousands of
-// register writes and event appends would queue ahead of the node's own
-// liveness write, which would then miss its deadline and make every member
-// of the node count a failed heartbeat — overload turned into failure. The
-// node's liveness writes are not bounded. A member write that waits past
-// its deadline counts as failed, as any write lost; an append waits
-// within its own timeout and is retried.
-const (
-	maxMemberWrites = 64
-	maxAppends      = 64
-)
-
-// boundedLog is a host's event log with its appends in flight bounded.
-type boundedLog struct {
-	events.Log
-	sem chan struct{}
-	// pending counts the appends waiting for the bound or in flight.
-	pending *atomic.Int64
-}
-
-func (l boundedLog) acquire(ctx context.Context) error {
-	l.pending.Add(1)
-	select {
-	case l.sem <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		l.pending.Add(-1)
-		return ctx.Err()
-	}
-}
-
-func (l boundedLog) release() {
-	<-l.sem
-	l.pending.Add(-1)
-}
-
-func (l boundedLog) Append(ctx context.Context, subject string, ev events.Event, opts events.AppendOptions) (events.Ack, error) {
-	if err := l.acquire(ctx); err != nil {
-		return events.Ack{}, err
-	}
-	defer l.release()
-	return l.Log.Append(ctx, subject, ev, opts)
-}
-
-func (l boundedLog) AppendRaw(ctx context.Context, subject string, data []byte, opts events.AppendOptions) (events.Ack, error) {
-	if err := l.acquire(ctx); err != nil {
-		return events.Ack{}, err
-	}
-	defer l.release()
-	return l.Log.AppendRaw(ctx, subject, data, opts)
 }
 
 // checkStore probes the store's write rate (StoreProbe) and refuses, with
@@ -516,7 +460,7 @@ func (h *Host) startNode(interval time.Duration) {
 	h.watch.start()
 	h.raises = newRaiseDeduper(h.KV, h.trust, interval)
 	h.publish = make(chan struct{}, 4) // a few rules publications at a time
-	h.liveness = h.engine.Spawn(newLivenessActor(h.node, interval, h.KV, h.trust, h.watch, h.health, h.logger), "liveness", actor.WithID(h.node))
+	h.liveness = h.engine.Spawn(newLivenessActor(h.node, interval, h.KV, h.trust, h.watch, h.health, h.gate, h.logger), "liveness", actor.WithID(h.node))
 	h.logger.Info("node liveness started", "node", h.node, "key", failover.LivenessKey(h.node), "heartbeat_timeout", interval)
 }
 

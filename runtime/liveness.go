@@ -87,6 +87,7 @@ type livenessActor struct {
 	trust    *ValueTrust
 	watch    *nodeWatch
 	health   *storeHealth
+	gate     *storeGate // its writes go before the host's appends; nil in tests
 	log      *slog.Logger
 
 	nl      *failover.NodeLiveness
@@ -100,9 +101,9 @@ type livenessActor struct {
 	epoch   uint64 // the latest epoch logged
 }
 
-func newLivenessActor(node string, interval time.Duration, kv events.KV, trust *ValueTrust, watch *nodeWatch, health *storeHealth, log *slog.Logger) actor.Producer {
+func newLivenessActor(node string, interval time.Duration, kv events.KV, trust *ValueTrust, watch *nodeWatch, health *storeHealth, gate *storeGate, log *slog.Logger) actor.Producer {
 	return func() actor.Receiver {
-		return &livenessActor{node: node, interval: interval, kv: kv, trust: trust, watch: watch, health: health,
+		return &livenessActor{node: node, interval: interval, kv: kv, trust: trust, watch: watch, health: health, gate: gate,
 			log: log.With("node", node, "component", "liveness")}
 	}
 }
@@ -182,6 +183,9 @@ func (a *livenessActor) write(w failover.Write, value []byte) {
 	}
 	ctx, cancel := context.WithTimeout(a.ctx, timeout)
 	defer cancel()
+	if a.gate != nil {
+		defer a.gate.priority()()
+	}
 	res := casLiveness(ctx, a.kv, a.trust, w, value)
 	if a.ctx.Err() != nil {
 		return

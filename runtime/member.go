@@ -91,9 +91,9 @@ type MemberDeps struct {
 	// from its subject by the host's start-up replay (replayMembers); the
 	// first actor of the slot takes it.
 	replayed *replayed
-	// writes, when set, bounds the KV writes the host's members have in
-	// flight (see maxMemberWrites).
-	writes chan struct{}
+	// gate, when set, bounds the KV writes the host's members have in
+	// flight (see maxMemberWrites) and lets them pass the host's appends.
+	gate *storeGate
 }
 
 // MemberSnapshot is a member's state as its node's HTTP endpoints report
@@ -566,13 +566,12 @@ func (a *memberActor) write(w failover.Write) {
 	var rev uint64
 	var err error
 	began := time.Now()
-	if a.deps.writes != nil {
-		select {
-		case a.deps.writes <- struct{}{}:
-			defer func() { <-a.deps.writes }()
-		case <-ctx.Done():
+	if a.deps.gate != nil {
+		release, err := a.deps.gate.write(ctx)
+		if err != nil {
 			return // not issued before its deadline: the member counts it failed
 		}
+		defer release()
 	}
 	switch {
 	case w.Put:

@@ -1,0 +1,129 @@
+package runtime
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"understudy/events"
+)
+
+// A host bounds what its members have in flight at the store: when many
+// members act at once (a node's pairs all failing over), thousands of
+// register writes and event appends would queue ahead of the node's own
+// liveness write, which would then miss its deadline and make every member
+// of the node count a failed heartbeat — overload turned into failure. The
+// node's liveness writes are not bounded. A member write that waits past
+// its deadline counts as failed, as any write lost; an append waits
+// within its own timeout and is retried.
+//
+// Register and liveness writes come first: while any waits or flies,
+// appends are held to appendsBesideWrites in flight. Appends record facts
+// already decided, dated by how long they waited (events.HeaderQueued);
+// a register write a heartbeat late is a failed heartbeat or a takeover
+// missed. Every append and write goes to the same disk: a takeover of
+// thousands of pairs writes each register once but appends a handful of
+// events per pair, and those appends would otherwise take most of the
+// store's writes while the registers wait.
+const (
+	maxMemberWrites     = 64
+	maxAppends          = 64
+	appendsBesideWrites = 4
+)
+
+// storeGate is a host's bounds on its writes to the store.
+type storeGate struct {
+	writes  chan struct{} // member KV writes in flight
+	kv      atomic.Int64  // KV writes waiting or in flight: members' and the node's liveness
+	appends chan struct{} // appends in flight
+	narrow  chan struct{} // appends in flight while KV writes wait
+	pending atomic.Int64  // appends waiting or in flight
+}
+
+func newStoreGate() *storeGate {
+	return &storeGate{writes: make(chan struct{}, maxMemberWrites), appends: make(chan struct{}, maxAppends),
+		narrow: make(chan struct{}, appendsBesideWrites)}
+}
+
+// write waits for a member KV write's turn; release ends it. An error
+// means ctx ended first: the write was never issued.
+func (g *storeGate) write(ctx context.Context) (release func(), err error) {
+	g.kv.Add(1)
+	select {
+	case g.writes <- struct{}{}:
+		return func() { <-g.writes; g.kv.Add(-1) }, nil
+	case <-ctx.Done():
+		g.kv.Add(-1)
+		return nil, ctx.Err()
+	}
+}
+
+// priority marks a KV write that takes no member slot (the node's
+// liveness): appends make way for it all the same.
+func (g *storeGate) priority() (release func()) {
+	g.kv.Add(1)
+	return func() { g.kv.Add(-1) }
+}
+
+// appendTurn waits for an append's turn; release ends it.
+func (g *storeGate) appendTurn(ctx context.Context) (release func(), err error) {
+	g.pending.Add(1)
+	select {
+	case g.appends <- struct{}{}:
+	case <-ctx.Done():
+		g.pending.Add(-1)
+		return nil, ctx.Err()
+	}
+	if g.kv.Load() == 0 {
+		return func() { <-g.appends; g.pending.Add(-1) }, nil
+	}
+	// KV writes wait: the append goes only while fewer than
+	// appendsBesideWrites others fly beside them (it rechecks now and
+	// then: the writes may be done before a narrow turn frees).
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case g.narrow <- struct{}{}:
+			return func() { <-g.narrow; <-g.appends; g.pending.Add(-1) }, nil
+		case <-t.C:
+			if g.kv.Load() == 0 {
+				return func() { <-g.appends; g.pending.Add(-1) }, nil
+			}
+		case <-ctx.Done():
+			<-g.appends
+			g.pending.Add(-1)
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// settled reports whether the host's appends and member writes in flight
+// are back within their bounds (see Host.settle).
+func (g *storeGate) settled() bool {
+	return g.pending.Load() <= maxAppends && len(g.writes) < maxMemberWrites/2
+}
+
+// boundedLog is a host's event log with its appends gated.
+type boundedLog struct {
+	events.Log
+	gate *storeGate
+}
+
+func (l boundedLog) Append(ctx context.Context, subject string, ev events.Event, opts events.AppendOptions) (events.Ack, error) {
+	release, err := l.gate.appendTurn(ctx)
+	if err != nil {
+		return events.Ack{}, err
+	}
+	defer release()
+	return l.Log.Append(ctx, subject, ev, opts)
+}
+
+func (l boundedLog) AppendRaw(ctx context.Context, subject string, data []byte, opts events.AppendOptions) (events.Ack, error) {
+	release, err := l.gate.appendTurn(ctx)
+	if err != nil {
+		return events.Ack{}, err
+	}
+	defer release()
+	return l.Log.AppendRaw(ctx, subject, data, opts)
+}
