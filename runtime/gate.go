@@ -3,7 +3,6 @@ package runtime
 import (
 	"context"
 	"sync/atomic"
-	"time"
 
 	"understudy/events"
 )
@@ -78,23 +77,17 @@ func (g *storeGate) appendTurn(ctx context.Context) (release func(), err error) 
 		return func() { <-g.appends; g.pending.Add(-1) }, nil
 	}
 	// KV writes wait: the append goes only while fewer than
-	// appendsBesideWrites others fly beside them (it rechecks now and
-	// then: the writes may be done before a narrow turn frees).
-	t := time.NewTicker(10 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case g.narrow <- struct{}{}:
-			return func() { <-g.narrow; <-g.appends; g.pending.Add(-1) }, nil
-		case <-t.C:
-			if g.kv.Load() == 0 {
-				return func() { <-g.appends; g.pending.Add(-1) }, nil
-			}
-		case <-ctx.Done():
-			<-g.appends
-			g.pending.Add(-1)
-			return nil, ctx.Err()
-		}
+	// appendsBesideWrites others fly beside them. (No polling for the
+	// writes' end: thousands of waiting appenders waking every few
+	// milliseconds starve the process. At most maxAppends wait here, and
+	// narrow turns last one append each.)
+	select {
+	case g.narrow <- struct{}{}:
+		return func() { <-g.narrow; <-g.appends; g.pending.Add(-1) }, nil
+	case <-ctx.Done():
+		<-g.appends
+		g.pending.Add(-1)
+		return nil, ctx.Err()
 	}
 }
 

@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -15,8 +16,8 @@ func TestStoreGateAppendsMakeWayForWrites(t *testing.T) {
 	defer cancel()
 	done := g.priority() // the node's liveness write flies
 
-	var mu sync.Mutex
-	var releases []func()
+	var in, finished atomic.Int64
+	hold := make(chan struct{})
 	var wg sync.WaitGroup
 	for range maxAppends {
 		wg.Add(1)
@@ -24,20 +25,18 @@ func TestStoreGateAppendsMakeWayForWrites(t *testing.T) {
 			defer wg.Done()
 			rel, err := g.appendTurn(ctx)
 			if err != nil {
+				t.Error(err)
 				return
 			}
-			mu.Lock()
-			releases = append(releases, rel)
-			mu.Unlock()
+			in.Add(1)
+			<-hold
+			in.Add(-1)
+			finished.Add(1)
+			rel()
 		}()
 	}
-	in := func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(releases)
-	}
 	time.Sleep(100 * time.Millisecond)
-	if n := in(); n != appendsBesideWrites {
+	if n := in.Load(); n != appendsBesideWrites {
 		t.Fatalf("%d appends in flight beside a liveness write, want %d", n, appendsBesideWrites)
 	}
 	// A member write still gets its turn at once.
@@ -49,24 +48,31 @@ func TestStoreGateAppendsMakeWayForWrites(t *testing.T) {
 	}
 	rel()
 	done()
-	deadline := time.Now().Add(5 * time.Second)
-	for in() < maxAppends && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
+	close(hold)
+	wg.Wait()
+	if n := finished.Load(); n != maxAppends {
+		t.Fatalf("%d of %d appends went through once the write was done", n, maxAppends)
 	}
-	if n := in(); n != maxAppends {
-		t.Fatalf("%d appends in flight once no write waits, want %d", n, maxAppends)
+	if !g.settled() || g.pending.Load() != 0 || g.kv.Load() != 0 || len(g.appends) != 0 || len(g.narrow) != 0 {
+		t.Fatalf("after every turn ended: pending %d, kv %d, turns %d/%d", g.pending.Load(), g.kv.Load(), len(g.appends), len(g.narrow))
 	}
-	mu.Lock()
-	for _, r := range releases {
+	// No write waits: maxAppends turns at once.
+	var rels []func()
+	for range maxAppends {
+		sctx, scancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		r, err := g.appendTurn(sctx)
+		scancel()
+		if err != nil {
+			t.Fatalf("append %d of %d waited with no write in flight: %v", len(rels)+1, maxAppends, err)
+		}
+		rels = append(rels, r)
+	}
+	for _, r := range rels {
 		r()
 	}
-	mu.Unlock()
-	wg.Wait()
-	if !g.settled() || g.pending.Load() != 0 || g.kv.Load() != 0 {
-		t.Errorf("after every turn ended: pending %d, kv %d", g.pending.Load(), g.kv.Load())
-	}
 	// A turn given up (its context ends) leaves nothing taken.
-	g.priority()
+	done = g.priority()
+	defer done()
 	for range appendsBesideWrites {
 		if _, err := g.appendTurn(ctx); err != nil {
 			t.Fatal(err)
