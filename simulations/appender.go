@@ -24,6 +24,7 @@ type appender struct {
 	waiting  bool          // a failed attempt's backoff runs
 	backoff  time.Duration // the next backoff (0: the first)
 	attempt  uint64
+	deadline time.Duration // the attempt's: its context ends appendTimeout after it was sent
 	last     uint64
 	known    bool
 	stopped  bool
@@ -54,7 +55,7 @@ func (s *sim) pump(n *node, stream int) {
 		return
 	}
 	s.attempts++
-	a.inflight, a.attempt = true, s.attempts
+	a.inflight, a.attempt, a.deadline = true, s.attempts, s.now+appendTimeout
 	if a.ids[0] == "" {
 		// Drawn before the event's first attempt and kept across its
 		// retries, as the runtime's appender does.
@@ -116,6 +117,7 @@ func (s *sim) appendAcked(n *node, ref int32) {
 	stream, attempt := int(m.stream), m.attempt
 	last, id, code := m.last, m.id, m.code
 	ack := events.Ack{Sequence: m.seq, Duplicate: m.dup}
+	retried := m.retried
 	s.release(ref)
 	a := &n.apps[stream]
 	if !a.inflight || a.attempt != attempt {
@@ -123,10 +125,17 @@ func (s *sim) appendAcked(n *node, ref int32) {
 	}
 	a.inflight = false
 	// The runtime's appender, step by step: the client maps the
-	// refusal (the retry of an append that landed, even past the dedup
-	// window, is already a duplicate ack: the server's MemoryLog
-	// recognises it as JetStreamLog.findRetried does); the answer is
+	// refusal (the retry of an append that landed past the dedup window
+	// is refused with 10071, and the client reads the subject's record
+	// after last to recognise its first attempt, JetStreamLog.findRetried:
+	// the server's MemoryLog answers the duplicate the read finds, and the
+	// read may fail, when the client answers the 10071); the answer is
 	// judged by events.AppendAckConflict.
+	if retried && !s.storeRead(n.machine, a.deadline) {
+		s.count(cRetryUnrecognised)
+		s.tracef(n.site, "the retry of %s landed at seq %d more than %v ago; the client's read of it failed: 10071", id, ack.Sequence, dedupWindow)
+		code, ack = codeWrongLast, events.Ack{}
+	}
 	if code != 0 {
 		err := events.APIError(int(code), descOf(code))
 		if !errors.Is(err, events.ErrConflict) {
@@ -146,7 +155,14 @@ func (s *sim) appendAcked(n *node, ref int32) {
 	if ack.Duplicate {
 		s.count(cDuplicateAck)
 	}
-	a.last, a.known, a.backoff = ack.Sequence, true, 0
+	s.appended(n, stream, ack.Sequence)
+}
+
+// appended: the head event of an appender's queue is stored at seq; the
+// next is sent.
+func (s *sim) appended(n *node, stream int, seq uint64) {
+	a := &n.apps[stream]
+	a.last, a.known, a.backoff = seq, true, 0
 	a.queue[0] = nil
 	a.queue, a.born, a.marks, a.ids = a.queue[1:], a.born[1:], a.marks[1:], a.ids[1:]
 	s.pump(n, stream)
@@ -177,19 +193,91 @@ func (s *sim) ownDuplicate(n *node, stream int, id string, ack events.Ack) bool 
 	return false
 }
 
-// appendConflict: the appender concluded that another process appends to
-// its subject. The runtime's member then fences its resource (if it served
-// or held the register) and stops for good; the node's process keeps
-// running, and only a restart of the process brings a member back. So does
-// the model: the resource stops serving at once and the member is gone
-// (halted) until the process restarts (a crash or power cut that ends).
+// appendConflict: an attempt met a conflict (10071, or a duplicate ack
+// events.AppendAckConflict refuses). As the runtime's appender does
+// (resolveConflict), it reads the subject's records after last, one
+// message get each, before it concludes anything: its own record (its
+// nonce) means its attempt at the head event landed there; only records
+// no appender wrote are skipped and the event appended after them; a
+// read that fails decides nothing and the attempt is retried. Another
+// appender's record, or none, is a real conflict: the runtime's member
+// then fences its resource (if it served or held the register) and stops
+// for good; the node's process keeps running, and only a restart of the
+// process brings a member back. So does the model: the resource stops
+// serving at once and the member is gone (halted) until the process
+// restarts (a crash or power cut that ends).
 func (s *sim) appendConflict(n *node, stream int, last uint64, err error) {
+	a := &n.apps[stream]
+	verdict, seq, read := s.resolveConflict(n, stream, last)
+	switch {
+	case !read:
+		s.count(cConflictUnread)
+		s.tracef(n.site, "event append conflict on %s: %v; the records after seq %d could not be read: retried", a.subject, err, last)
+		s.retryLater(n, stream)
+		return
+	case verdict == verdictForeign:
+		s.count(cConflictForeign)
+		s.tracef(n.site, "event append conflict on %s: only foreign records after seq %d, skipped to %d", a.subject, last, seq)
+		a.last, a.known = seq, true
+		s.pump(n, stream)
+		return
+	case verdict == verdictLanded:
+		s.count(cConflictOwnLanded)
+		s.tracef(n.site, "event append conflict on %s: its own attempt landed at seq %d", a.subject, seq)
+		s.appended(n, stream, seq)
+		return
+	}
 	s.count(cAppendConflict)
-	sub := n.apps[stream].subject
-	s.tracef(n.site, "event append conflict on %s: %v; member stops for good", sub, err)
-	s.inv.memberStopped(s, n, sub, last, err)
+	s.tracef(n.site, "event append conflict on %s: %v; member stops for good", a.subject, err)
+	s.inv.memberStopped(s, n, a.subject, last, err)
 	s.halt(n)
 }
+
+// conflictVerdict is what the records after an appender's last sequence
+// say of a conflict (the runtime's, runtime/appender.go).
+type conflictVerdict int
+
+const (
+	verdictTwin    conflictVerdict = iota + 1 // another appender's record, or none: a real conflict
+	verdictForeign                            // only records no appender wrote: skipped
+	verdictLanded                             // its own attempt at the head event landed
+)
+
+// resolveConflict reads the records on an appender's subject after last,
+// one message get each (storeRead: each may fail, with a deadline of its
+// own), as the runtime's resolveConflict does. seq is the own record's
+// sequence (verdictLanded) or the last foreign record's (verdictForeign);
+// read false: a read failed and nothing is decided.
+func (s *sim) resolveConflict(n *node, stream int, last uint64) (verdict conflictVerdict, seq uint64, read bool) {
+	a := &n.apps[stream]
+	by := s.now + appendTimeout
+	var recs []events.Record
+	s.server.recordsAfter(a.subject, last, func(rec events.Record) { recs = append(recs, rec) })
+	for i, rec := range recs {
+		if i > maxForeign || !s.storeRead(n.machine, by) {
+			return verdictTwin, 0, false
+		}
+		if nonce, ok := events.AppendedBy(rec); ok {
+			if nonce != n.nonce {
+				return verdictTwin, 0, true
+			}
+			return verdictLanded, rec.Sequence, true
+		}
+		seq = rec.Sequence
+	}
+	// The get that finds no further record.
+	if !s.storeRead(n.machine, by) {
+		return verdictTwin, 0, false
+	}
+	if seq == 0 {
+		return verdictTwin, 0, true
+	}
+	return verdictForeign, seq, true
+}
+
+// maxForeign bounds the foreign records an appender reads past (the
+// runtime's: more is undecided).
+const maxForeign = 1000
 
 func descOf(code int32) string {
 	if code == codeInFlight {

@@ -67,6 +67,11 @@ const (
 	// Store throughput and node write bound (throughput.go).
 	cSurvivorHeartbeatFailed // a member counted a failed liveness write of its node while the peer node was down and its link clear
 	cNotIssued               // a member request waited at its node's bound past its deadline and was never issued
+	// Append conflicts (appender.go).
+	cRetryUnrecognised // the retry of an append that landed past the dedup window met 10071: the client's read of its first attempt failed
+	cConflictUnread    // an append conflict's records could not be read: undecided, retried
+	cConflictOwnLanded // an append conflict's first record after last was the appender's own: its attempt had landed
+	cConflictForeign   // an append conflict's records after last were all foreign: skipped
 	numCounters
 )
 
@@ -128,6 +133,10 @@ var counterNames = [numCounters]string{
 	cEpochRaised:             "node-epoch-raised",
 	cSurvivorHeartbeatFailed: "survivor-heartbeat-failed-during-takeover",
 	cNotIssued:               "member-request-not-issued-by-deadline",
+	cRetryUnrecognised:       "event-append-retry-unrecognised",
+	cConflictUnread:          "event-append-conflict-unread-retried",
+	cConflictOwnLanded:       "event-append-conflict-own-record-landed",
+	cConflictForeign:         "event-append-conflict-foreign-skipped",
 }
 
 func (c counterID) String() string { return counterNames[c] }

@@ -146,6 +146,24 @@ func (w *world) reachable(m *machine) bool {
 	return !w.server.down && m.up.clear() && m.down.clear() && w.cl.isolated[m.idx] == 0
 }
 
+// storeRead reports whether a read request of the machine's NATS client
+// (one message get) is answered before by: it needs the server reachable,
+// is lost like any request or answer on a lossy link, and with a store
+// service time waits for the writes queued ahead of it (a read costs the
+// store nothing itself). It takes no time in the model: the read is done
+// where its answer is awaited, as the register read after a CAS conflict.
+func (w *world) storeRead(m *machine, by time.Duration) bool {
+	if !w.reachable(m) {
+		return false
+	}
+	for _, d := range []*dirState{&m.up, &m.down} {
+		if d.loss > 0 && m.rng.IntN(1000) < d.loss {
+			return false
+		}
+	}
+	return w.cfg.StoreWriteTime <= 0 || max(w.now, w.storeFree) < by
+}
+
 // start (re)starts a machine's process: every member replays its event
 // subject and starts fenced (startMember), the node's liveness writer
 // starts (node leadership), then the watch.

@@ -28,6 +28,11 @@ var nodeRegressions = []struct {
 	// node's beats restarted the follower's "holder stays fenced" clock:
 	// unavailable-while-standby-healthy.
 	{name: "n2-lone-announcement", scenario: "lossy-primary", seed: 2, duration: 5 * time.Minute, pairs: 5},
+	// N7 (regression_test.go) with five pairs a node: before (every append
+	// conflict halted), member-stopped-without-rival at 167.339s,
+	// 167.364s and 177.337s (pg-main, pg-main-5, pg-main-2).
+	{name: "n7-unrecognised-retries", scenario: "random", seed: 1, duration: 4 * time.Minute, pairs: 5,
+		faults: "partition(site-a,down)@30s+2m10s;loss(site-a,20%)@2m30s+1m"},
 }
 
 func TestNodeModeRegressionSeeds(t *testing.T) {

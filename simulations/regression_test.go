@@ -181,6 +181,22 @@ var regressions = []struct {
 	// 30.020s.
 	{name: "forged-msgid-at-a-switchover", scenario: "random", seed: 1, duration: 2 * time.Minute,
 		faults: "forge(msgid,site-a)@10s+1m;switchover(site-b)@30s"},
+	// N7, found on a real NATS at 10,000 pairs (the runtime's fix is
+	// e3a29bb): the retry of an append that landed, refused with 10071,
+	// is recognised by the client only if it can read the landed attempt
+	// back (findRetried); under overload that read failed, the client
+	// answered the conflict, and the appender stopped its member. Here the
+	// primary's answers are cut for 2m10s (its attempts land, the dedup
+	// window passes) and its link then loses 20% (10%) of requests and
+	// answers. "Before" is this simulator with the appender of e3a29bb~1
+	// (every conflict halts): member-stopped-without-rival at 167.755s
+	// (167.481s), the holder's member stopped and the replica took over.
+	// After: the conflict's own read failed too and it was retried (20%),
+	// or found the own record at seq 22 and took it for the ack (10%).
+	{name: "n7-unrecognised-retry-undecided", scenario: "random", seed: 1, duration: 4 * time.Minute,
+		faults: "partition(site-a,down)@30s+2m10s;loss(site-a,20%)@2m30s+1m"},
+	{name: "n7-unrecognised-retry-own-record", scenario: "random", seed: 3, duration: 4 * time.Minute,
+		faults: "partition(site-a,down)@30s+2m10s;loss(site-a,10%)@2m30s+1m"},
 }
 
 func TestRegressionSeeds(t *testing.T) {
@@ -218,4 +234,37 @@ func regressionCommand(scenario string, seed uint64, d time.Duration, faults str
 		cmd += " --faults '" + faults + "'"
 	}
 	return cmd
+}
+
+// TestN7SeedsExerciseTheConflictRead keeps N7's seeds meaningful: the
+// retry's recognition read fails in both, and the appender's read of the
+// conflict's records is undecided (seed 1) or finds its own record
+// (seed 3), instead of the model stopping the member.
+func TestN7SeedsExerciseTheConflictRead(t *testing.T) {
+	for _, c := range []struct {
+		seed uint64
+		loss string
+		want string
+	}{{1, "20%", "event-append-conflict-unread-retried"}, {3, "10%", "event-append-conflict-own-record-landed"}} {
+		fs, err := ParseFaults("partition(site-a,down)@30s+2m10s;loss(site-a,"+c.loss+")@2m30s+1m", "site-a", "site-b")
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := Run(Config{Scenario: "random", Seed: c.seed, Duration: 4 * time.Minute, Faults: fs, FaultsSet: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]int{}
+		for _, x := range r.Sometimes {
+			got[x.Name] = x.Count
+		}
+		for _, name := range []string{"event-append-retry-unrecognised", c.want} {
+			if got[name] == 0 {
+				t.Errorf("seed %d: %s = 0; the seed no longer exercises what N7 found", c.seed, name)
+			}
+		}
+		if got["event-append-conflict"] > 0 {
+			t.Errorf("seed %d: an appender stopped its member (event-append-conflict = %d)", c.seed, got["event-append-conflict"])
+		}
+	}
 }

@@ -127,7 +127,7 @@ func NewServer(o ServerOptions) *Server {
 	s.clock.set(o.Start)
 	s.offset = 0
 	s.kv = events.NewMemoryKV(o.Bucket, &s.clock, events.MemoryHistory(events.HistoryLimit))
-	s.log = events.NewMemoryLog(o.Stream, &s.clock, o.Codec)
+	s.log = events.NewMemoryLog(o.Stream, &s.clock, o.Codec, events.MemoryDedupWindow(dedupWindow))
 	s.nextSync = o.FsyncInterval
 	return s
 }
@@ -219,13 +219,22 @@ func (s *Server) put(t time.Duration, key string, value []byte) (uint64, time.Ti
 	return r.rev, r.ts
 }
 
+// dedupWindow is the event stream's duplicate window (JetStream's
+// default).
+const dedupWindow = 2 * time.Minute
+
 // appendResult answers an event append.
 type appendResult struct {
 	seq       uint64
 	duplicate bool
-	code      int32  // a JetStream error code (0: stored)
-	last      uint64 // the expectation the append carried
-	id        string // its message id
+	// retried: the duplicate is a retry of an append that landed longer
+	// than the dedup window ago. The server refused it (10071); the
+	// client recognised its own first attempt by reading it back
+	// (JetStreamLog.findRetried), a read that may fail (world.storeRead).
+	retried bool
+	code    int32  // a JetStream error code (0: stored)
+	last    uint64 // the expectation the append carried
+	id      string // its message id
 }
 
 // appendEvent stores one encoded event with the runtime appender's options:
@@ -258,7 +267,16 @@ func (s *Server) appendEvent(t time.Duration, subject string, data []byte, last 
 	}
 	s.logSeq = max(s.logSeq, ack.Sequence)
 	s.mirror(ack)
-	return appendResult{seq: ack.Sequence, duplicate: ack.Duplicate, last: last, id: id}
+	return appendResult{seq: ack.Sequence, duplicate: ack.Duplicate, retried: ack.Duplicate && s.pastDedup(ack.Sequence), last: last, id: id}
+}
+
+// pastDedup reports whether the record at seq was stored a dedup window or
+// more ago: a duplicate ack naming it did not come from the window (an id
+// is remembered with its record's time) but from MemoryLog's recognition
+// of a retry, which stands for the client's (findRetried).
+func (s *Server) pastDedup(seq uint64) bool {
+	rec, ok := s.recordAt(seq)
+	return ok && s.clock.Now().Sub(rec.Time) >= dedupWindow
 }
 
 // publish stores a message under message id id, with no expectation (a
@@ -404,7 +422,7 @@ func (s *Server) rollback() {
 		}
 	}
 	s.journal = s.journal[:s.syncedRev]
-	log := events.NewMemoryLog(s.opts.Stream, &s.clock, s.opts.Codec)
+	log := events.NewMemoryLog(s.opts.Stream, &s.clock, s.opts.Codec, events.MemoryDedupWindow(dedupWindow))
 	for rec, err := range s.log.Read(bg, events.ReadOptions{}) {
 		if err != nil || rec.Sequence > s.syncedSeq {
 			break

@@ -211,6 +211,7 @@ type msg struct {
 	event   string         // mAppend with known false: the random part of the message id
 	code    int32          // mAppendAck: the JetStream error code of a refusal (0: stored)
 	dup     bool           // mAppendAck: the server acked a duplicate
+	retried bool           // mAppendAck: ... past the dedup window: the client's read of its first attempt must succeed (recognised)
 	sent    time.Duration  // mWrite: when it was sent
 	seq     uint64         // mAppendAck
 	slot    uint64         // mWrite, mAppend and their answers: the token of its node's gate slot (0: none)

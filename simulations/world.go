@@ -286,7 +286,7 @@ func (w *world) serve(m *machine, ref int32) {
 		if res.code == 0 && !res.duplicate {
 			s.eventLanded(n, int(mg.stream), mg.mark, res.seq, mg.queued)
 		}
-		*mg = msg{kind: mAppendAck, inc: mg.inc, stream: mg.stream, attempt: mg.attempt, seq: res.seq, code: res.code, dup: res.duplicate, last: res.last, id: res.id, pair: mg.pair, slot: mg.slot}
+		*mg = msg{kind: mAppendAck, inc: mg.inc, stream: mg.stream, attempt: mg.attempt, seq: res.seq, code: res.code, dup: res.duplicate, retried: res.retried, last: res.last, id: res.id, pair: mg.pair, slot: mg.slot}
 		w.send(m, false, ref)
 	default:
 		w.release(ref)
