@@ -277,10 +277,23 @@ func (a *appender) run() {
 			}
 		}
 		err := func() error {
+			log := a.log
+			if g, ok := a.log.(boundedLog); ok {
+				// Its turn is awaited without a deadline (until the
+				// appender stops): the 5 s below is the store's to answer
+				// in, and an append that only waited for its turn is no
+				// failure to retry and report.
+				release, err := g.gate.appendTurn(ctx)
+				if err != nil {
+					return err
+				}
+				defer release()
+				log = g.Log
+			}
 			actx, acancel := context.WithTimeout(ctx, 5*time.Second)
 			defer acancel()
 			if !known {
-				seq, err := a.log.LastSequence(actx, a.subject)
+				seq, err := log.LastSequence(actx, a.subject)
 				if err != nil {
 					return err
 				}
@@ -295,7 +308,7 @@ func (a *appender) run() {
 				// reach): the record dates it when it happened.
 				opts.Headers = map[string]string{events.HeaderQueued: strconv.FormatInt(int64(w), 10)}
 			}
-			ack, err := a.log.Append(actx, a.subject, ev, opts)
+			ack, err := log.Append(actx, a.subject, ev, opts)
 			if err != nil {
 				return err
 			}

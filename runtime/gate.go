@@ -97,7 +97,9 @@ func (g *storeGate) settled() bool {
 	return g.pending.Load() <= maxAppends && len(g.writes) < maxMemberWrites/2
 }
 
-// boundedLog is a host's event log with its appends gated.
+// boundedLog is a host's event log with its appends gated. An appender
+// recognises it and waits for its turn itself, before its append's
+// deadline starts, then appends on the ungated log.
 type boundedLog struct {
 	events.Log
 	gate *storeGate

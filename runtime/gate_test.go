@@ -6,6 +6,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"understudy/actors/failover"
+	"understudy/events"
 )
 
 // While a register or liveness write waits or flies, appends get only
@@ -85,5 +88,53 @@ func TestStoreGateAppendsMakeWayForWrites(t *testing.T) {
 	}
 	if n := len(g.appends); n != appendsBesideWrites {
 		t.Errorf("%d append turns held after one was given up, want %d", n, appendsBesideWrites)
+	}
+}
+
+// An appender whose turn comes late (register writes keep the appends
+// narrow for longer than an append's 5 s deadline) waits for it: no
+// failed append is reported or retried, and the event lands once its turn
+// comes.
+func TestAppenderWaitsForItsTurnWithoutFailing(t *testing.T) {
+	t.Parallel()
+	g := newStoreGate()
+	mem := events.NewMemoryLog("EV", nil, Codec())
+	logger, rec := newLogRecorder(t)
+	app := newAppender(boundedLog{Log: mem, gate: g}, failover.Subject("turn", "site-a"), logger)
+	app.setLast(0)
+	appended := make(chan events.Ack, 1)
+	app.onAppended = func(_ events.Event, ack events.Ack) { appended <- ack }
+	app.start()
+	defer app.stop()
+
+	done := g.priority()
+	var held []func()
+	for range appendsBesideWrites {
+		r, err := g.appendTurn(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, r)
+	}
+	app.add(&failover.HeartbeatRecovered{Term: 1, AfterFailures: 1})
+	select {
+	case ack := <-appended:
+		t.Fatalf("appended %+v while every turn was taken", ack)
+	case <-time.After(5500 * time.Millisecond):
+	}
+	if f := rec.matching("event append failed, retrying"); len(f) != 0 {
+		t.Fatalf("waiting for a turn reported as failed appends: %+v", f)
+	}
+	done()
+	for _, r := range held {
+		r()
+	}
+	select {
+	case ack := <-appended:
+		if ack.Sequence != 1 {
+			t.Fatalf("ack %+v", ack)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the event did not land once its turn came")
 	}
 }
