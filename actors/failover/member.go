@@ -216,17 +216,20 @@ type Member struct {
 	// rewatched: the watch was established afresh (Resynced); its first
 	// delivery of this member's heartbeat skips the ones written while it
 	// was re-established, and that gap is the watch's, not the store's.
-	rewatched     bool
-	lastRev       uint64 // revision of this member's own last landed register write
-	beat          uint64
-	memberBeat    uint64
-	inflight      *pendingWrite
-	late          []pendingWrite
-	memberOp      uint64
-	memberDue     time.Duration
-	nextBeatAt    time.Duration
-	nextMemberAt  time.Duration
-	failures      int
+	rewatched    bool
+	lastRev      uint64 // revision of this member's own last landed register write
+	beat         uint64
+	memberBeat   uint64
+	inflight     *pendingWrite
+	late         []pendingWrite
+	memberOp     uint64
+	memberDue    time.Duration
+	nextBeatAt   time.Duration
+	nextMemberAt time.Duration
+	failures     int
+	// failRecorded: a HeartbeatFailed was recorded since the last
+	// success (node mode records only a serving holder's).
+	failRecorded  bool
 	successes     int
 	prefCount     int
 	prefLast      time.Time
@@ -406,6 +409,12 @@ func (m *Member) Term() uint64 { return m.term }
 
 // Serving reports whether the member serves (phase leader).
 func (m *Member) Serving() bool { return m.phase == PhaseLeader }
+
+// mayServe reports whether the member's resource may be serving: the
+// phases its failed heartbeats fence.
+func (m *Member) mayServe() bool {
+	return m.phase == PhaseLeader || m.phase == PhasePromoting || m.phase == PhaseDemoting
+}
 
 // Holding reports whether the member holds (or still writes) the register.
 func (m *Member) Holding() bool { return m.holding() }
@@ -1202,13 +1211,16 @@ func (m *Member) onLeaderWriteFailed(w pendingWrite, why string) {
 		}
 		m.successes = 0
 		m.failures++
-		if m.opts.Node == "" || m.failures <= m.rules.FailureThreshold {
+		if m.opts.Node == "" || m.failures <= m.rules.FailureThreshold && m.mayServe() {
 			// Node mode: a failed liveness write is its node's, and every
-			// holder of the node sees it; past the fence the holders stop
-			// recording each one (HeartbeatRecovered says how many), so an
-			// outage of the store does not bring an append per holder per
-			// heartbeat upon it.
+			// holder of the node sees it. Only a holder that serves
+			// records it, up to its fence: a fenced holder's failures
+			// decide nothing (HeartbeatRecovered says how many there
+			// were), and a slow store's flapping answers would otherwise
+			// bring an append per holder per heartbeat upon it —
+			// 150,000 in a minute of a 10,000-pair takeover.
 			m.emit(&HeartbeatFailed{Term: m.term, Failures: m.failures, Cause: why})
+			m.failRecorded = true
 		}
 		if m.failures < m.rules.FailureThreshold {
 			return
@@ -1248,9 +1260,10 @@ func (m *Member) onSyncLanded(l Leader, rev uint64) {
 }
 
 func (m *Member) onBeatSuccess(fencedWrite bool) {
-	if m.failures > 0 {
+	if m.failures > 0 && (m.opts.Node == "" || m.failRecorded) {
 		m.emit(&HeartbeatRecovered{Term: m.term, AfterFailures: m.failures})
 	}
+	m.failRecorded = false
 	m.failures = 0
 	m.successes++
 	if m.phase == PhaseSuspended && m.successes >= m.rules.SuccessThreshold && fencedWrite {

@@ -335,3 +335,49 @@ func TestNodeModeSilentWriterFences(t *testing.T) {
 	}
 	t.Logf("fenced %v after the writer's last answer (bound %v)", fenced, bound)
 }
+
+// A holder its node's failed liveness writes fenced records no more of
+// them, whether the store stays out or its answers flap (every second
+// write failing, as an overloaded store's do): each one would be an
+// append per holder of the node. It records the failures that led to its
+// fence, and one recovery after them.
+func TestNodeModeFencedHolderRecordsNoMoreFailures(t *testing.T) {
+	d, now := bootstrapLeader(t)
+	r := d.m.Rules()
+	step := func(in Input) { d.feed(now, d.m.Step(now, in)) }
+	for i := 0; i < r.FailureThreshold; i++ {
+		now += r.HeartbeatTimeout
+		step(LivenessResult{Err: WriteUnavailable, Epoch: 1, Cause: "no answer"})
+	}
+	if d.fences != 1 || d.m.Phase() != PhaseSuspended {
+		t.Fatalf("after %d failed liveness writes: %d fences, phase %v; want fenced and suspended", r.FailureThreshold, d.fences, d.m.Phase())
+	}
+	count := func(typ string) int {
+		n := 0
+		for _, ev := range d.events {
+			if ev.EventType() == typ {
+				n++
+			}
+		}
+		return n
+	}
+	if n := count("failover.heartbeat_failed"); n != r.FailureThreshold {
+		t.Fatalf("%d heartbeat_failed up to the fence, want %d", n, r.FailureThreshold)
+	}
+	d.events = nil
+	rev := uint64(10)
+	for i := 0; i < 40; i++ { // flapping: a failure, then a success
+		now += r.HeartbeatTimeout / 2
+		if i%2 == 0 {
+			step(LivenessResult{Err: WriteUnavailable, Epoch: 1, Cause: "no answer"})
+		} else {
+			rev++
+			step(LivenessResult{Err: WriteOK, Epoch: 1, Revision: rev})
+		}
+		step(Tick{})
+	}
+	// One recovery closes the failures it recorded; nothing after.
+	if n, m := count("failover.heartbeat_failed"), count("failover.heartbeat_recovered"); n != 0 || m != 1 {
+		t.Fatalf("a fenced holder recorded %d heartbeat_failed and %d heartbeat_recovered while the store flapped; want none and one", n, m)
+	}
+}
