@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 
 	"understudy/events"
@@ -30,32 +31,71 @@ const (
 	appendsBesideWrites = 4
 )
 
-// storeGate is a host's bounds on its writes to the store.
+// storeGate is a host's bounds on its writes to the store. Its members'
+// KV writes run on maxMemberWrites workers of its own, in the order they
+// were asked for: goroutines that live on (a goroutine per write grew
+// and copied its stack every time, a sixth of a node's CPU in a
+// 10,000-pair takeover).
 type storeGate struct {
-	writes  chan struct{} // member KV writes in flight
+	jobs    chan func()   // member KV writes waiting for a worker
+	busy    atomic.Int64  // member KV writes being performed
+	start   sync.Once     // the workers
+	done    chan struct{} // closed by stop: the workers end
+	stopped sync.Once
 	kv      atomic.Int64  // KV writes waiting or in flight: members' and the node's liveness
 	appends chan struct{} // appends in flight
 	narrow  chan struct{} // appends in flight while KV writes wait
 	pending atomic.Int64  // appends waiting or in flight
 }
 
+// maxQueuedWrites bounds the member writes waiting for a worker; past it
+// a write runs on a goroutine of its own (unbounded, as before the
+// workers): a member never blocks on the store.
+const maxQueuedWrites = 1 << 16
+
 func newStoreGate() *storeGate {
-	return &storeGate{writes: make(chan struct{}, maxMemberWrites), appends: make(chan struct{}, maxAppends),
+	return &storeGate{jobs: make(chan func(), maxQueuedWrites), done: make(chan struct{}), appends: make(chan struct{}, maxAppends),
 		narrow: make(chan struct{}, appendsBesideWrites)}
 }
 
-// write waits for a member KV write's turn; release ends it. An error
-// means ctx ended first: the write was never issued.
-func (g *storeGate) write(ctx context.Context) (release func(), err error) {
+// submit runs a member's KV write on a worker, after those asked for
+// before it; it never blocks. The write checks its own deadline when its
+// turn comes (a write not issued before it counts as failed).
+func (g *storeGate) submit(write func()) {
+	g.start.Do(func() {
+		for range maxMemberWrites {
+			go g.work()
+		}
+	})
 	g.kv.Add(1)
 	select {
-	case g.writes <- struct{}{}:
-		return func() { <-g.writes; g.kv.Add(-1) }, nil
-	case <-ctx.Done():
-		g.kv.Add(-1)
-		return nil, ctx.Err()
+	case g.jobs <- write:
+	default:
+		go func() {
+			defer g.kv.Add(-1)
+			write()
+		}()
 	}
 }
+
+func (g *storeGate) work() {
+	for {
+		select {
+		case write := <-g.jobs:
+			g.busy.Add(1)
+			write()
+			g.busy.Add(-1)
+			g.kv.Add(-1)
+		case <-g.done:
+			return
+		}
+	}
+}
+
+// stop ends the workers once the host's members have stopped; a write
+// still waiting is never issued (its member counts it failed, as any
+// write not answered by its deadline).
+func (g *storeGate) stop() { g.stopped.Do(func() { close(g.done) }) }
 
 // priority marks a KV write that takes no member slot (the node's
 // liveness): appends make way for it all the same.
@@ -94,7 +134,7 @@ func (g *storeGate) appendTurn(ctx context.Context) (release func(), err error) 
 // settled reports whether the host's appends and member writes in flight
 // are back within their bounds (see Host.settle).
 func (g *storeGate) settled() bool {
-	return g.pending.Load() <= maxAppends && len(g.writes) < maxMemberWrites/2
+	return g.pending.Load() <= maxAppends && len(g.jobs) == 0 && g.busy.Load() < maxMemberWrites/2
 }
 
 // boundedLog is a host's event log with its appends gated. An appender

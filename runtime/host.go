@@ -778,6 +778,7 @@ func (h *Host) Stop(ctx context.Context) {
 		defer lv.Close()
 	}
 	defer h.closeWorkloads()
+	defer h.gate.stop() // after the members: a hand-over writes the register
 	h.mu.Lock()
 	h.stopping = true
 	for _, sl := range h.slots {

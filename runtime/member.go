@@ -513,17 +513,23 @@ func transitionLevel(ev events.Event) slog.Level {
 		return slog.LevelWarn
 	case *failover.Started, *failover.Fenced, *failover.Promoted, *failover.Resumed, *failover.Unfenced,
 		*failover.ServingStarted, *failover.HeartbeatRecovered, *failover.DemotionRequested, *failover.Demoted,
-		*failover.Released, *failover.ConfigApplied, *failover.SwitchoverAccepted, *failover.AcquireAttempted,
-		*failover.AutomationResumed:
+		*failover.Released, *failover.ConfigApplied, *failover.SwitchoverAccepted, *failover.AutomationResumed:
 		return slog.LevelInfo
 	}
+	// AcquireAttempted among them: its outcome (promoted, acquire_failed,
+	// promotion_rejected) is logged, and a node taking thousands of pairs
+	// over attempts each every heartbeat until it lands.
 	return slog.LevelDebug
 }
 
 func (a *memberActor) handle(r failover.Ready) {
 	for _, ev := range r.Events {
-		a.log.Log(context.Background(), transitionLevel(ev), "transition", "event", ev.EventType(), "detail", fmt.Sprintf("%+v", ev),
-			"phase", a.m.Phase().String(), "term", a.m.Term())
+		// Formatted only when logged: a node with thousands of members
+		// steps them thousands of times a second.
+		if lvl := transitionLevel(ev); a.log.Enabled(context.Background(), lvl) {
+			a.log.Log(context.Background(), lvl, "transition", "event", ev.EventType(), "detail", fmt.Sprintf("%+v", ev),
+				"phase", a.m.Phase().String(), "term", a.m.Term())
+		}
 	}
 	a.gauges.observe(a.m, r.Events)
 	a.app.add(r.Events...)
@@ -547,15 +553,21 @@ func (a *memberActor) handle(r failover.Ready) {
 			}
 			w.Value = v
 		}
-		go a.write(w)
+		if a.deps.gate != nil {
+			a.deps.gate.submit(func() { a.write(w) })
+		} else {
+			go a.write(w)
+		}
 	}
 	for _, p := range r.Procedures {
 		a.engine.Send(a.resource, runProc{p})
 	}
 }
 
-// write performs one KV write and answers it. It runs on its own
-// goroutine; its deadline is the member's.
+// write performs one KV write and answers it. It runs on a worker of the
+// host's gate (or a goroutine of its own); its deadline is the member's:
+// a write whose turn comes after it is never issued, and the member
+// counts it failed.
 func (a *memberActor) write(w failover.Write) {
 	timeout := w.Deadline - a.now()
 	if timeout <= 0 {
@@ -566,13 +578,6 @@ func (a *memberActor) write(w failover.Write) {
 	var rev uint64
 	var err error
 	began := time.Now()
-	if a.deps.gate != nil {
-		release, err := a.deps.gate.write(ctx)
-		if err != nil {
-			return // not issued before its deadline: the member counts it failed
-		}
-		defer release()
-	}
 	switch {
 	case w.Put:
 		rev, err = a.deps.KV.Put(ctx, w.Key, w.Value)
