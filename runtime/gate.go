@@ -95,7 +95,11 @@ func (g *storeGate) work() {
 // stop ends the workers once the host's members have stopped; a write
 // still waiting is never issued (its member counts it failed, as any
 // write not answered by its deadline).
-func (g *storeGate) stop() { g.stopped.Do(func() { close(g.done) }) }
+func (g *storeGate) stop() {
+	if g != nil {
+		g.stopped.Do(func() { close(g.done) })
+	}
+}
 
 // priority marks a KV write that takes no member slot (the node's
 // liveness): appends make way for it all the same.
