@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"understudy/events"
 )
@@ -39,6 +40,7 @@ const (
 type storeGate struct {
 	jobs    chan func()   // member KV writes waiting for a worker
 	busy    atomic.Int64  // member KV writes being performed
+	dropped atomic.Int64  // member KV writes whose turn came too late to issue
 	start   sync.Once     // the workers
 	done    chan struct{} // closed by stop: the workers end
 	stopped sync.Once
@@ -59,21 +61,29 @@ func newStoreGate() *storeGate {
 }
 
 // submit runs a member's KV write on a worker, after those asked for
-// before it; it never blocks. The write checks its own deadline when its
-// turn comes (a write not issued before it counts as failed).
-func (g *storeGate) submit(write func()) {
+// before it; it never blocks. A write whose turn comes after issueBy is
+// dropped, never issued: the member counts it failed at its deadline, as
+// any write not answered (see member.write).
+func (g *storeGate) submit(issueBy time.Time, write func()) {
 	g.start.Do(func() {
 		for range maxMemberWrites {
 			go g.work()
 		}
 	})
 	g.kv.Add(1)
+	job := func() {
+		if time.Now().After(issueBy) {
+			g.dropped.Add(1)
+			return
+		}
+		write()
+	}
 	select {
-	case g.jobs <- write:
+	case g.jobs <- job:
 	default:
 		go func() {
 			defer g.kv.Add(-1)
-			write()
+			job()
 		}()
 	}
 }

@@ -44,7 +44,7 @@ func TestStoreGateAppendsMakeWayForWrites(t *testing.T) {
 	}
 	// A member write still gets its turn at once.
 	ran := make(chan struct{})
-	g.submit(func() { close(ran) })
+	g.submit(time.Now().Add(time.Minute), func() { close(ran) })
 	select {
 	case <-ran:
 	case <-time.After(time.Second):
@@ -137,5 +137,33 @@ func TestAppenderWaitsForItsTurnWithoutFailing(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the event did not land once its turn came")
+	}
+}
+
+// A member write whose turn comes after its issue-by time is dropped,
+// never issued; the others run in the order asked.
+func TestStoreGateDropsWritesTooLateToIssue(t *testing.T) {
+	g := newStoreGate()
+	defer g.stop()
+	var ran []int
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	wg.Add(2)
+	g.submit(time.Now().Add(-time.Millisecond), func() { t.Error("a write past its issue-by time was issued") })
+	for i := 1; i <= 2; i++ {
+		g.submit(time.Now().Add(time.Minute), func() {
+			defer wg.Done()
+			mu.Lock()
+			ran = append(ran, i)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	deadline := time.Now().Add(5 * time.Second)
+	for g.kv.Load() != 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if g.dropped.Load() != 1 || len(ran) != 2 || g.kv.Load() != 0 {
+		t.Fatalf("dropped %d, ran %v, kv %d; want one dropped, both others run, none pending", g.dropped.Load(), ran, g.kv.Load())
 	}
 }

@@ -554,7 +554,13 @@ func (a *memberActor) handle(r failover.Ready) {
 			w.Value = v
 		}
 		if a.deps.gate != nil {
-			a.deps.gate.submit(func() { a.write(w) })
+			// A write that waited for its turn past half its window is not
+			// issued: it would land after its deadline, counted failed by
+			// the member and written again — store work for nothing, and
+			// under a takeover of thousands of pairs every write landed
+			// late, none counted, and the rewrites never stopped.
+			window := w.Deadline - a.now()
+			a.deps.gate.submit(time.Now().Add(window/2), func() { a.write(w) })
 		} else {
 			go a.write(w)
 		}
