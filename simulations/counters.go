@@ -66,7 +66,8 @@ const (
 	cEpochRaised // a member raised a stale node's epoch
 	// Store throughput and node write bound (throughput.go).
 	cSurvivorHeartbeatFailed // a member counted a failed liveness write of its node while the peer node was down and its link clear
-	cNotIssued               // a member request waited at its node's bound past its deadline and was never issued
+	cNotIssued               // a member request waited at its node's bound past its turn (a KV write: half its window; an append: its deadline) and was never issued
+	cRegisterLandedLate      // node mode: a holder's register write landed after its deadline (the holder counted it failed and writes again)
 	// Append conflicts (appender.go).
 	cRetryUnrecognised // the retry of an append that landed past the dedup window met 10071: the client's read of its first attempt failed
 	cConflictUnread    // an append conflict's records could not be read: undecided, retried
@@ -133,6 +134,7 @@ var counterNames = [numCounters]string{
 	cEpochRaised:             "node-epoch-raised",
 	cSurvivorHeartbeatFailed: "survivor-heartbeat-failed-during-takeover",
 	cNotIssued:               "member-request-not-issued-by-deadline",
+	cRegisterLandedLate:      "register-write-landed-after-deadline",
 	cRetryUnrecognised:       "event-append-retry-unrecognised",
 	cConflictUnread:          "event-append-conflict-unread-retried",
 	cConflictOwnLanded:       "event-append-conflict-own-record-landed",

@@ -62,6 +62,11 @@ type Config struct {
 	// their appends in flight (0: unbounded; the runtime's host:
 	// HostWriteBoundRuntime); the liveness writer's writes are not bounded.
 	HostWriteBound int
+	// HostIssueLate gives the node's bound the runtime's rule before
+	// 5b6e2d2: a member KV write waiting at the bound is issued until its
+	// deadline, not only within the first half of its window (finding N8,
+	// kept by TestTakeoverRegisterStorm; not a flag: no runtime does it).
+	HostIssueLate bool
 }
 
 // DefaultPair is the pair the simulator runs when Config.Rules is zero.
@@ -116,6 +121,12 @@ type Result struct {
 	// Unexercised lists required counters that stayed 0: the run did not
 	// exercise what its scenario claims to.
 	Unexercised []string `json:"unexercised"`
+	// RegisterWritesTail (node leadership): the register writes (a
+	// holder publishing its value) members asked for in the run's last
+	// 10 simulated seconds. A settled run writes a register only when its
+	// value changes; hundreds a second mean holders rewriting values whose
+	// writes did not count, a storm that did not decay (finding N8).
+	RegisterWritesTail int `json:"register_writes_tail,omitempty"`
 }
 
 // Outage is a stretch with no database available: from a stop's start (a
@@ -501,8 +512,15 @@ func (s *sim) handle(n *node, r failover.Ready) {
 	}
 }
 
+// tailWindow is the end of a run over which Result.RegisterWritesTail
+// counts.
+const tailWindow = 10 * time.Second
+
 func (s *sim) sendWrite(n *node, w *failover.Write) {
 	s.inv.writeIssued(s, n)
+	if s.nodeMode && w.Kind == failover.WriteBeat && s.now >= s.end-tailWindow {
+		s.regTail++
+	}
 	remember(n.pending[:], &n.pendingNext, w)
 	ref := s.alloc(msg{kind: mWrite, inc: n.inc, write: *w, sent: s.now, effect: n.available(), pair: s.pi})
 	s.issue(n.machine, gateWrites, ref, n.clk.virtual(w.Deadline))
@@ -532,6 +550,9 @@ func (s *sim) serverWrite(n *node, ref int32) {
 		}
 		var in failover.Input
 		if leaderKey {
+			if s.nodeMode && w.Kind == failover.WriteBeat && s.now > n.clk.virtual(w.Deadline) {
+				s.count(cRegisterLandedLate)
+			}
 			if m.effect && w.Leader.Site == n.site && !w.Leader.Fenced {
 				n.lastAvailUnfenced = s.now // sent while it served
 			}

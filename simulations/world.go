@@ -69,6 +69,7 @@ type world struct {
 	liveViews [3][2]liveRec
 	storeFree time.Duration // StoreWriteTime: when the server has served the writes it holds
 	tokens    uint64        // the last gate slot token drawn
+	regTail   int           // node leadership: register writes asked for in the run's last tailWindow
 }
 
 // multi: the run has several pairs (names in traces and violations).
@@ -413,6 +414,9 @@ func (w *world) result(wall time.Duration) *Result {
 		Steps: w.steps, Digest: w.tr.sum(), Violations: w.viol,
 		Failovers: w.counters[cFailover],
 		Fsync:     w.cfg.Fsync.String(), Faults: FormatFaults(w.faults),
+	}
+	if w.nodeMode {
+		r.RegisterWritesTail = w.regTail
 	}
 	if w.nodeMode || w.multi() {
 		r.Leadership = w.cfg.Leadership.String()
