@@ -568,7 +568,13 @@ func TestSecuredCluster(t *testing.T) {
 				s, err := reader.js.Stream(ctx, st)
 				cancel()
 				if err != nil {
-					t.Fatalf("stream %s: %v", st, err)
+					// No leader to answer yet (the lookup timed out): ask
+					// again within the same 15 s.
+					if time.Now().After(deadline) {
+						t.Fatalf("stream %s: %v", st, err)
+					}
+					time.Sleep(250 * time.Millisecond)
+					continue
 				}
 				info = s.CachedInfo()
 				if (info.Cluster != nil && info.Cluster.Leader != "") || time.Now().After(deadline) {

@@ -44,7 +44,7 @@ func TestNodeModeRegressionSeeds(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				cfg.Faults = fs
+				cfg.Faults, cfg.FaultsSet = fs, true
 			}
 			res, err := Run(cfg)
 			if err != nil {
