@@ -175,7 +175,7 @@ func (l *JetStreamLog) Record(ctx context.Context, seq uint64) (Record, error) {
 // subject.
 func (l *JetStreamLog) RecordOn(ctx context.Context, subject string, from uint64) (Record, error) {
 	if subject == "" || strings.ContainsAny(subject, "*>") {
-		return Record{}, fmt.Errorf("events: record on %q: a single subject without wildcards is required", subject)
+		return Record{}, fmt.Errorf("events: record on %q: a single subject without wildcards is required: %w", subject, ErrInvalid)
 	}
 	m, err := l.stream.GetMsg(ctx, max(from, 1), jetstream.WithGetMsgSubject(subject))
 	if err != nil {
@@ -185,7 +185,7 @@ func (l *JetStreamLog) RecordOn(ctx context.Context, subject string, from uint64
 		return Record{}, fmt.Errorf("events: record on %q from %d in stream %q: %w", subject, from, l.name, mapJetStreamError(err))
 	}
 	if m.Subject != subject {
-		return Record{}, fmt.Errorf("events: no record on %q from %d in stream %q: %w", subject, from, l.name, ErrNotFound)
+		return Record{}, fmt.Errorf("events: record on %q from %d in stream %q: the server answered with a record on %q", subject, from, l.name, m.Subject)
 	}
 	return Record{Stream: l.name, Subject: m.Subject, Sequence: m.Sequence, Time: m.Time.UTC(),
 		Headers: copyHeaders(m.Header), Data: m.Data}, nil

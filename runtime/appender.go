@@ -180,6 +180,12 @@ func (a *appender) resolveConflict(ctx context.Context, last uint64) (verdict co
 			break
 		}
 		if err != nil {
+			if len(foreign) > 0 {
+				// Those read are foreign: passed over, so that the next
+				// attempt reads on from after them.
+				a.skip(foreign)
+				return verdictForeign, 0, nil
+			}
 			return verdictTwin, 0, err
 		}
 		if nonce, ok := events.AppendedBy(rec); ok {
@@ -191,7 +197,11 @@ func (a *appender) resolveConflict(ctx context.Context, last uint64) (verdict co
 		}
 		foreign = append(foreign, rec)
 		if len(foreign) > maxForeign {
-			return verdictTwin, 0, fmt.Errorf("more than %d records after sequence %d", maxForeign, last)
+			// A flood no appender wrote: the subject is not this actor's
+			// to write any more; conclude, as for a twin.
+			a.logger.Error("more foreign records on an actor's subject than it passes over; taken for a conflict",
+				"subject", a.subject, "after_seq", last, "limit", maxForeign)
+			return verdictTwin, 0, nil
 		}
 		from = rec.Sequence + 1
 	}

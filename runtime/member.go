@@ -885,6 +885,21 @@ func (l *watchLag) oldestUndelivered() (ackedWrite, bool) {
 	return w, true
 }
 
+// peekOldest reports the oldest acknowledged write the watch has not
+// delivered and whether it has waited longer than limit, like
+// oldestUndelivered, but forgets nothing: a slow watch stays behind until
+// it delivers what it owes.
+func (l *watchLag) peekOldest() (ackedWrite, bool) {
+	delivered := l.delivered.Load()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.acked = slices.DeleteFunc(l.acked, func(a ackedWrite) bool { return a.rev <= delivered })
+	if len(l.acked) == 0 || time.Since(l.acked[0].at) <= l.limit {
+		return ackedWrite{}, false
+	}
+	return l.acked[0], true
+}
+
 // behind reports whether any acknowledged write is still undelivered.
 func (l *watchLag) behind() bool {
 	delivered := l.delivered.Load()

@@ -120,6 +120,7 @@ func (w *nodeWatch) follow(watcher events.Watcher, session uint64) {
 	defer check.Stop()
 	progress := w.lag.delivered.Load() // delivered revision at the last check
 	moved := time.Now()                // when a check last saw it move
+	marked := false                    // this watch delivered its initial values
 	for {
 		select {
 		case e, ok := <-watcher.Updates():
@@ -127,6 +128,7 @@ func (w *nodeWatch) follow(watcher events.Watcher, session uint64) {
 				return
 			}
 			if e.Revision == 0 {
+				marked = true
 				w.markSynced()
 				if w.bridging.CompareAndSwap(true, false) {
 					w.log.Info("kv watch of the node delivers again; direct reads of the liveness records stop")
@@ -140,9 +142,10 @@ func (w *nodeWatch) follow(watcher events.Watcher, session uint64) {
 			if delivered > progress {
 				progress, moved = delivered, time.Now()
 			}
-			a, lagging := w.lag.oldestUndelivered()
+			a, lagging := w.lag.peekOldest()
 			switch {
 			case lagging && time.Since(moved) >= w.lag.limit:
+				w.lag.oldestUndelivered() // forgotten: one fresh watch per lagging write
 				w.log.Warn("kv watch of the node lags behind acknowledged writes; watching afresh, and reading the liveness records directly meanwhile",
 					"acked_revision", a.rev, "delivered_revision", delivered, "acked_ago", time.Since(a.at))
 				w.bridging.Store(true)
@@ -152,7 +155,7 @@ func (w *nodeWatch) follow(watcher events.Watcher, session uint64) {
 					w.log.Warn("kv watch of the node delivers, but behind acknowledged writes; reading the liveness records directly until it catches up",
 						"acked_revision", a.rev, "delivered_revision", delivered, "acked_ago", time.Since(a.at))
 				}
-			case w.bridging.Load() && !w.lag.behind():
+			case marked && w.bridging.Load() && !w.lag.behind():
 				w.bridging.Store(false)
 				w.log.Info("kv watch of the node caught up; direct reads of the liveness records stop")
 			}
