@@ -96,7 +96,7 @@ func readSite(ctx context.Context, log events.Log, site string, bySubject map[st
 			continue
 		}
 		r.last = rec.Sequence
-		if foldRecord(r.m, codec, rec, logger.With("subject", rec.Subject)) {
+		if foldRecord(r.m, codec, rec, logger) { // its warnings name the subject
 			r.n++
 			folded++
 		}
