@@ -869,30 +869,31 @@ func (l *watchLag) sawDelivered(rev uint64) {
 	}
 }
 
-// oldestUndelivered drops the acknowledged writes the watch has delivered
-// and reports the oldest of the others, and whether it has waited longer
-// than limit (it is then forgotten: one fresh watch per lagging write).
+// oldestUndelivered is peekOldest, and forgets every acknowledged write
+// when it reports one lagging: one fresh watch per lagging write.
 func (l *watchLag) oldestUndelivered() (ackedWrite, bool) {
-	delivered := l.delivered.Load()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.acked = slices.DeleteFunc(l.acked, func(a ackedWrite) bool { return a.rev <= delivered })
-	if len(l.acked) == 0 || time.Since(l.acked[0].at) <= l.limit {
-		return ackedWrite{}, false
+	w, lagging := l.oldestLocked()
+	if lagging {
+		l.acked = l.acked[:0]
 	}
-	w := l.acked[0]
-	l.acked = l.acked[:0]
-	return w, true
+	return w, lagging
 }
 
-// peekOldest reports the oldest acknowledged write the watch has not
-// delivered and whether it has waited longer than limit, like
-// oldestUndelivered, but forgets nothing: a slow watch stays behind until
-// it delivers what it owes.
+// peekOldest drops the acknowledged writes the watch has delivered and
+// reports the oldest of the others, and whether it has waited longer than
+// limit. It forgets nothing else: a slow watch stays behind until it
+// delivers what it owes.
 func (l *watchLag) peekOldest() (ackedWrite, bool) {
-	delivered := l.delivered.Load()
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.oldestLocked()
+}
+
+// oldestLocked is peekOldest with l.mu held.
+func (l *watchLag) oldestLocked() (ackedWrite, bool) {
+	delivered := l.delivered.Load()
 	l.acked = slices.DeleteFunc(l.acked, func(a ackedWrite) bool { return a.rev <= delivered })
 	if len(l.acked) == 0 || time.Since(l.acked[0].at) <= l.limit {
 		return ackedWrite{}, false
