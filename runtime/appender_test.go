@@ -132,12 +132,7 @@ func TestAppenderOwnDuplicateAndInFlightAreNotConflicts(t *testing.T) {
 	}
 	app := newAppender(log, subject, slog.New(slog.DiscardHandler))
 	app.setLast(7)
-	conflict := make(chan error, 1)
-	appended := make(chan events.Ack, 2)
-	app.onConflict = func(err error) { conflict <- err }
-	app.onAppended = func(_ events.Event, ack events.Ack) { appended <- ack }
-	app.start()
-	defer app.stop()
+	conflict, appended := startAppender(t, app)
 	app.add(&failover.HeartbeatRecovered{Term: 1, AfterFailures: 1}, &failover.HeartbeatRecovered{Term: 1, AfterFailures: 2})
 	for i := 0; i < 2; i++ {
 		select {
@@ -189,12 +184,7 @@ func TestAppenderEventIDs(t *testing.T) {
 	logger, logs := newLogRecorder(t)
 	app := newAppender(log, subject, logger)
 	app.setLast(0)
-	conflict := make(chan error, 1)
-	appended := make(chan events.Ack, 2)
-	app.onConflict = func(err error) { conflict <- err }
-	app.onAppended = func(_ events.Event, ack events.Ack) { appended <- ack }
-	app.start()
-	defer app.stop()
+	conflict, appended := startAppender(t, app)
 	app.add(&failover.HeartbeatRecovered{Term: 1, AfterFailures: 1}, &failover.HeartbeatRecovered{Term: 1, AfterFailures: 2})
 	for i := 0; i < 2; i++ {
 		select {
@@ -292,12 +282,7 @@ func TestAppenderIDTakenOnAnotherSubject(t *testing.T) {
 		t.Fatalf("append under the taken id: %+v %v; want a duplicate ack naming sequence %d", ack, err, pa.Sequence)
 	}
 
-	conflict := make(chan error, 1)
-	appended := make(chan events.Ack, 2)
-	app.onConflict = func(err error) { conflict <- err }
-	app.onAppended = func(_ events.Event, ack events.Ack) { appended <- ack }
-	app.start()
-	defer app.stop()
+	conflict, appended := startAppender(t, app)
 	sent := []*failover.HeartbeatRecovered{{Term: 3, AfterFailures: 1}, {Term: 3, AfterFailures: 2}}
 	app.add(sent[0], sent[1])
 	for i := range sent {
@@ -390,12 +375,7 @@ func TestAppenderOwnRecordAfterAmbiguousConflict(t *testing.T) {
 	logger, rec := newLogRecorder(t)
 	app := newAppender(log, subject, logger)
 	app.setLast(0)
-	conflict := make(chan error, 1)
-	appended := make(chan events.Ack, 2)
-	app.onConflict = func(err error) { conflict <- err }
-	app.onAppended = func(_ events.Event, ack events.Ack) { appended <- ack }
-	app.start()
-	defer app.stop()
+	conflict, appended := startAppender(t, app)
 	app.add(&failover.HeartbeatRecovered{Term: 1, AfterFailures: 1}, &failover.HeartbeatRecovered{Term: 1, AfterFailures: 2})
 	var acks []events.Ack
 	for len(acks) < 2 {
@@ -430,4 +410,15 @@ func TestAppenderOwnRecordAfterAmbiguousConflict(t *testing.T) {
 	if n != 2 {
 		t.Errorf("subject holds %d records, want 2 (each event once)", n)
 	}
+}
+
+// startAppender starts app with its conflicts and appends reported on the
+// channels it returns; the test's cleanup stops it.
+func startAppender(t *testing.T, app *appender) (conflict chan error, appended chan events.Ack) {
+	conflict, appended = make(chan error, 1), make(chan events.Ack, 2)
+	app.onConflict = func(err error) { conflict <- err }
+	app.onAppended = func(_ events.Event, ack events.Ack) { appended <- ack }
+	app.start()
+	t.Cleanup(app.stop)
+	return conflict, appended
 }
