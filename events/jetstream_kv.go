@@ -2,10 +2,15 @@ package events
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -14,9 +19,13 @@ import (
 type JetStreamKV struct {
 	kv     jetstream.KeyValue
 	bucket string
+	nc     *nats.Conn
+	// atomic: the bucket's stream allows atomic batch publish (checked
+	// when opened); without it WriteBatch answers ErrBatchUnsupported.
+	atomic bool
 }
 
-var _ KV = (*JetStreamKV)(nil)
+var _ KVBatcher = (*JetStreamKV)(nil)
 
 // NewJetStreamKV returns the KV on the existing bucket named bucket.
 func NewJetStreamKV(ctx context.Context, js jetstream.JetStream, bucket string) (*JetStreamKV, error) {
@@ -30,7 +39,11 @@ func NewJetStreamKV(ctx context.Context, js jetstream.JetStream, bucket string) 
 		}
 		return nil, fmt.Errorf("events: open KV bucket %q: %w", bucket, err)
 	}
-	return &JetStreamKV{kv: kv, bucket: bucket}, nil
+	k := &JetStreamKV{kv: kv, bucket: bucket, nc: js.Conn()}
+	if st, err := js.Stream(ctx, "KV_"+bucket); err == nil {
+		k.atomic = st.CachedInfo().Config.AllowAtomicPublish
+	}
+	return k, nil
 }
 
 // Bucket implements KV.
@@ -75,6 +88,97 @@ func (k *JetStreamKV) Put(ctx context.Context, key string, value []byte) (uint64
 		return 0, k.fail("put", key, err)
 	}
 	return rev, nil
+}
+
+// Batches reports whether WriteBatch may succeed: the bucket's stream
+// allowed atomic batch publish when the KV was opened.
+func (k *JetStreamKV) Batches() bool { return k.atomic }
+
+// The atomic batch publish headers (NATS server 2.12 and later).
+const (
+	batchIDHeader     = "Nats-Batch-Id"
+	batchSeqHeader    = "Nats-Batch-Sequence"
+	batchCommitHeader = "Nats-Batch-Commit"
+)
+
+// JetStream error codes of atomic batches that mean nothing was written
+// and the writes may go one at a time: publish disabled on the stream
+// (10174), an incomplete batch (10176: a message of it was not received),
+// too many batches in flight (10210).
+const (
+	jsAtomicDisabled   = 10174
+	jsAtomicIncomplete = 10176
+	jsAtomicInflight   = 10210
+)
+
+// WriteBatch implements KVBatcher with one JetStream atomic batch: every
+// write is a message on the key's subject with the batch's id and its
+// place in it (and the expected last revision of its key unless Put); the
+// last commits the batch, and its acknowledgement names the last
+// revision. The server checks every expectation before it stores any,
+// and syncs the batch to disk once. The bucket's stream must allow atomic
+// publish (provisioning sets allow_atomic on understudy's buckets).
+func (k *JetStreamKV) WriteBatch(ctx context.Context, writes []KVWrite) ([]uint64, error) {
+	if err := CheckBatch(writes); err != nil {
+		return nil, err
+	}
+	if !k.atomic {
+		return nil, fmt.Errorf("events: batch in bucket %q: %w (its stream does not allow atomic publish)", k.bucket, ErrBatchUnsupported)
+	}
+	for _, w := range writes {
+		if err := memCheckKey(w.Key, false); err != nil {
+			return nil, err
+		}
+	}
+	var idb [16]byte
+	_, _ = rand.Read(idb[:])
+	id := hex.EncodeToString(idb[:])
+	var resp *nats.Msg
+	for i, w := range writes {
+		m := nats.NewMsg("$KV." + k.bucket + "." + w.Key)
+		m.Data = w.Value
+		m.Header.Set(batchIDHeader, id)
+		m.Header.Set(batchSeqHeader, strconv.Itoa(i+1))
+		if !w.Put {
+			m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(w.Revision, 10))
+		}
+		if i < len(writes)-1 {
+			// No reply: a message the server refuses fails the commit.
+			if err := k.nc.PublishMsg(m); err != nil {
+				return nil, fmt.Errorf("events: batch in bucket %q: %w (nothing committed)", k.bucket, err)
+			}
+			continue
+		}
+		m.Header.Set(batchCommitHeader, "1")
+		var err error
+		if resp, err = k.nc.RequestMsgWithContext(ctx, m); err != nil {
+			return nil, fmt.Errorf("events: batch of %d in bucket %q: %w", len(writes), k.bucket, err)
+		}
+	}
+	var ack struct {
+		Error *jetstream.APIError `json:"error"`
+		Seq   uint64              `json:"seq"`
+		Batch string              `json:"batch"`
+		Count int                 `json:"count"`
+	}
+	if err := json.Unmarshal(resp.Data, &ack); err != nil {
+		return nil, fmt.Errorf("events: batch of %d in bucket %q: acknowledgement %q: %w", len(writes), k.bucket, resp.Data, err)
+	}
+	if ack.Error != nil {
+		switch ack.Error.ErrorCode {
+		case jsAtomicDisabled, jsAtomicIncomplete, jsAtomicInflight:
+			return nil, fmt.Errorf("events: batch of %d in bucket %q: %w: %w", len(writes), k.bucket, ErrBatchUnsupported, ack.Error)
+		}
+		return nil, fmt.Errorf("events: batch of %d in bucket %q: %w", len(writes), k.bucket, mapJetStreamError(ack.Error))
+	}
+	if ack.Batch != id || ack.Count != len(writes) || ack.Seq < uint64(len(writes)) {
+		return nil, fmt.Errorf("events: batch of %d in bucket %q: acknowledgement for batch %q of %d at %d", len(writes), k.bucket, ack.Batch, ack.Count, ack.Seq)
+	}
+	revs := make([]uint64, len(writes))
+	for i := range revs {
+		revs[i] = ack.Seq - uint64(len(writes)-1-i)
+	}
+	return revs, nil
 }
 
 // Delete implements KV.

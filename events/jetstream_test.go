@@ -216,6 +216,16 @@ func newTestKV(tb testing.TB) (*events.JetStreamKV, jetstream.JetStream) {
 	}); err != nil {
 		tb.Fatalf("create bucket: %v", err)
 	}
+	// As provisioning does for understudy's buckets: atomic batches allowed.
+	st, err := js.Stream(ctx, "KV_kv")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.AllowAtomicPublish = true
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		tb.Fatalf("allow atomic batches: %v", err)
+	}
 	kv, err := events.NewJetStreamKV(ctx, js, "kv")
 	if err != nil {
 		tb.Fatalf("NewJetStreamKV: %v", err)
@@ -929,5 +939,49 @@ func TestJetStreamConformance(t *testing.T) {
 		},
 		Advance:     func(t *testing.T, d time.Duration) { time.Sleep(d) },
 		DedupWindow: testDedupWindow,
+		Batches:     true,
 	})
+}
+
+// A bucket whose stream does not allow atomic publish answers a batch with
+// ErrBatchUnsupported and writes nothing; so does one that stopped allowing
+// it after the KV was opened (the server refuses the commit).
+func TestJetStreamBatchUnsupported(t *testing.T) {
+	js, _ := newJetStream(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "plain", History: 4, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := events.NewJetStreamKV(ctx, js, "plain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kv.Batches() {
+		t.Fatal("Batches() on a bucket without allow_atomic")
+	}
+	if _, err := kv.WriteBatch(ctx, []events.KVWrite{{Key: "a.leader", Value: []byte("x")}}); !errors.Is(err, events.ErrBatchUnsupported) {
+		t.Fatalf("WriteBatch on a bucket without allow_atomic: %v, want ErrBatchUnsupported", err)
+	}
+
+	kvb, jsb := newTestKV(t)
+	if !kvb.Batches() {
+		t.Fatal("Batches() false on a bucket with allow_atomic")
+	}
+	st, err := jsb.Stream(ctx, "KV_kv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.AllowAtomicPublish = false
+	if _, err := jsb.UpdateStream(ctx, cfg); err != nil {
+		t.Fatalf("turn atomic publish off: %v", err)
+	}
+	_, err = kvb.WriteBatch(ctx, []events.KVWrite{{Key: "a.leader", Value: []byte("x")}, {Key: "b.leader", Value: []byte("y")}})
+	if !errors.Is(err, events.ErrBatchUnsupported) {
+		t.Fatalf("WriteBatch after allow_atomic was turned off: %v, want ErrBatchUnsupported", err)
+	}
+	if _, err := kvb.Get(ctx, "a.leader"); !errors.Is(err, events.ErrNotFound) {
+		t.Fatalf("a.leader after the refused batch: %v, want ErrNotFound", err)
+	}
 }

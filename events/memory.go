@@ -434,7 +434,7 @@ type MemoryKV struct {
 	changed chan struct{} // closed and replaced by every write
 }
 
-var _ KV = (*MemoryKV)(nil)
+var _ KVBatcher = (*MemoryKV)(nil)
 
 // NewMemoryKV returns an empty bucket that stamps entries with clock (nil:
 // SystemClock) and keeps HistoryLimit revisions per key.
@@ -522,6 +522,45 @@ func (kv *MemoryKV) Delete(ctx context.Context, key string) error {
 	defer kv.mu.Unlock()
 	_, err := kv.writeLocked(key, nil, OpDelete, nil)
 	return err
+}
+
+// WriteBatch implements KVBatcher: every expectation is checked before
+// anything is written.
+func (kv *MemoryKV) WriteBatch(ctx context.Context, writes []KVWrite) ([]uint64, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := CheckBatch(writes); err != nil {
+		return nil, err
+	}
+	for _, w := range writes {
+		if err := memCheckKey(w.Key, false); err != nil {
+			return nil, err
+		}
+	}
+	kv.mu.Lock()
+	defer kv.mu.Unlock()
+	for i, w := range writes {
+		if w.Put {
+			continue
+		}
+		var last uint64
+		if revs := kv.keys[w.Key]; len(revs) > 0 {
+			last = revs[len(revs)-1]
+		}
+		if last != w.Revision {
+			return nil, fmt.Errorf("%w: batch write %d: key %q is at revision %d, write expected %d", ErrConflict, i, w.Key, last, w.Revision)
+		}
+	}
+	revs := make([]uint64, len(writes))
+	for i, w := range writes {
+		rev, err := kv.writeLocked(w.Key, w.Value, OpPut, nil)
+		if err != nil {
+			return nil, err // unreachable: expectations were checked under the lock
+		}
+		revs[i] = rev
+	}
+	return revs, nil
 }
 
 // History implements KV.

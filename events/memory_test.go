@@ -37,6 +37,7 @@ func TestMemoryConformance(t *testing.T) {
 			return events.NewMemoryKV("understudy_failover", clock)
 		},
 		Advance: func(t *testing.T, d time.Duration) { clock.Advance(d) },
+		Batches: true,
 	})
 }
 

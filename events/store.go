@@ -3,6 +3,7 @@ package events
 import (
 	"context"
 	"errors"
+	"fmt"
 	"iter"
 	"strconv"
 	"time"
@@ -22,6 +23,11 @@ var (
 	// quorum). Nothing is known of the write, and it says nothing of a rival:
 	// the store is unavailable for it; try again later. Never ErrConflict.
 	ErrInFlight = errors.New("events: unavailable: an earlier write to this subject is still being proposed")
+
+	// ErrBatchUnsupported: the KV takes no batch at the moment (a bucket
+	// provisioned before batches, or a server that has them off); nothing
+	// was written. Write one at a time.
+	ErrBatchUnsupported = errors.New("events: the bucket takes no atomic batches")
 
 	// ErrNotFound reports a key (KV) or sequence (Log) that does not exist.
 	ErrNotFound = errors.New("events: not found")
@@ -235,4 +241,55 @@ type KV interface {
 	Watch(ctx context.Context, pattern string, opts WatchOptions) (Watcher, error)
 	// Bucket is the bucket's name.
 	Bucket() string
+}
+
+// KVWrite is one write of a batch (KVBatcher.WriteBatch).
+type KVWrite struct {
+	Key   string
+	Value []byte
+	// Put writes the key whatever its revision; otherwise the key's latest
+	// revision must be Revision (0: the key was never written, or its
+	// history is gone — as Update with lastRevision 0; a key whose latest
+	// entry is a delete marker is written again with Create, not in a
+	// batch).
+	Put      bool
+	Revision uint64
+}
+
+// MaxKVBatch bounds the writes of one batch (JetStream's default bound on
+// an atomic batch is 1,000 messages).
+const MaxKVBatch = 256
+
+// KVBatcher is a KV that writes several keys at once, atomically: every
+// write of the batch lands, at consecutive revisions in the order given,
+// or none does. A store that syncs every write to disk syncs a batch once,
+// so a node taking over thousands of registers does not wait for
+// thousands of disk syncs one after another.
+type KVBatcher interface {
+	KV
+	// WriteBatch performs writes (1..MaxKVBatch of them, each key at most
+	// once) and returns their revisions. A write whose expectation fails
+	// fails the whole batch with an error wrapping ErrConflict, and nothing
+	// is written; which write failed is not said (write them one at a
+	// time, or in smaller batches, to find out). An error wrapping
+	// ErrBatchUnsupported says the bucket takes no batches at the moment
+	// (nothing was written); any other error leaves the outcome unknown,
+	// as for any write.
+	WriteBatch(ctx context.Context, writes []KVWrite) ([]uint64, error)
+}
+
+// CheckBatch checks what every KVBatcher requires of a batch: 1..MaxKVBatch
+// writes, each key at most once.
+func CheckBatch(writes []KVWrite) error {
+	if len(writes) == 0 || len(writes) > MaxKVBatch {
+		return fmt.Errorf("events: batch: a batch holds 1..%d writes, not %d", MaxKVBatch, len(writes))
+	}
+	seen := make(map[string]struct{}, len(writes))
+	for i, w := range writes {
+		if _, dup := seen[w.Key]; dup {
+			return fmt.Errorf("events: batch write %d: key %q is written twice in one batch (a key at most once)", i, w.Key)
+		}
+		seen[w.Key] = struct{}{}
+	}
+	return nil
 }

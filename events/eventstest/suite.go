@@ -31,6 +31,9 @@ type Harness struct {
 	// DedupWindow is the duplicate window of NewLog's stream (0: JetStream's
 	// default of two minutes).
 	DedupWindow time.Duration
+	// Batches: NewKV's buckets are events.KVBatcher and take batches; Run
+	// checks WriteBatch's contract.
+	Batches bool
 }
 
 const (
@@ -116,6 +119,14 @@ func Run(t *testing.T, h Harness) {
 		})
 		t.Run("ConcurrentUpdateOneWins", s.kvConcurrentCAS)
 		t.Run("InvalidKeyRefused", s.kvInvalidKey)
+		if h.Batches {
+			t.Run("Batch", func(t *testing.T) {
+				t.Run("AllLandInOrder", s.batchLands)
+				t.Run("ConflictWritesNothing", s.batchConflict)
+				t.Run("KeyTwiceRefused", s.batchKeyTwice)
+				t.Run("WatchSeesEveryWrite", s.batchWatched)
+			})
+		}
 	})
 }
 
@@ -1496,5 +1507,101 @@ func (s suite) kvInvalidKey(t *testing.T) {
 	}
 	if _, err := kv.Get(ctx, "bad key"); !errors.Is(err, events.ErrInvalid) {
 		t.Errorf("Get(bad key) = %v, want ErrInvalid", err)
+	}
+}
+
+// Batches (events.KVBatcher)
+
+func (s suite) batcher(t *testing.T) events.KVBatcher {
+	t.Helper()
+	b, ok := s.h.NewKV(t).(events.KVBatcher)
+	if !ok {
+		t.Fatal("Harness.Batches is set but NewKV's bucket is no events.KVBatcher")
+	}
+	return b
+}
+
+// batchLands: an update, a first write and a put land together at
+// consecutive revisions, in the order given.
+func (s suite) batchLands(t *testing.T) {
+	kv := s.batcher(t)
+	r1 := put(t, kv, "a.leader", "a0")
+	put(t, kv, "c.leader", "c0")
+	revs, err := kv.WriteBatch(opCtx(t), []events.KVWrite{
+		{Key: "a.leader", Value: []byte("a1"), Revision: r1},
+		{Key: "b.leader", Value: []byte("b1")},
+		{Key: "c.leader", Value: []byte("c1"), Put: true},
+	})
+	if err != nil {
+		t.Fatalf("WriteBatch: %v", err)
+	}
+	if len(revs) != 3 || revs[1] != revs[0]+1 || revs[2] != revs[1]+1 || revs[0] <= r1 {
+		t.Fatalf("WriteBatch revisions %v, want three consecutive ones after %d", revs, r1)
+	}
+	for i, k := range []string{"a.leader", "b.leader", "c.leader"} {
+		checkEntry(t, kv, "Get after the batch", get(t, kv, k), want{k, revs[i], events.OpPut, string(rune('a'+i)) + "1"})
+	}
+}
+
+// batchConflict: one stale expectation fails the whole batch with
+// ErrConflict, and nothing of it is written.
+func (s suite) batchConflict(t *testing.T) {
+	kv := s.batcher(t)
+	r1 := put(t, kv, "a.leader", "a0")
+	r2 := put(t, kv, "b.leader", "b0")
+	_, err := kv.WriteBatch(opCtx(t), []events.KVWrite{
+		{Key: "a.leader", Value: []byte("a1"), Revision: r1},
+		{Key: "b.leader", Value: []byte("b1"), Revision: r1}, // stale: b is at r2
+		{Key: "c.leader", Value: []byte("c1"), Put: true},
+	})
+	if !errors.Is(err, events.ErrConflict) {
+		t.Fatalf("WriteBatch with a stale expectation: %v, want ErrConflict", err)
+	}
+	checkEntry(t, kv, "a after the failed batch", get(t, kv, "a.leader"), want{"a.leader", r1, events.OpPut, "a0"})
+	checkEntry(t, kv, "b after the failed batch", get(t, kv, "b.leader"), want{"b.leader", r2, events.OpPut, "b0"})
+	getNotFound(t, kv, "c.leader")
+	if next := put(t, kv, "d.leader", "d0"); next != r2+1 {
+		t.Fatalf("the next write landed at revision %d, want %d: the failed batch took revisions", next, r2+1)
+	}
+}
+
+// batchKeyTwice: a batch writing one key twice is refused before anything
+// is written (the second write's expectation could not be checked).
+func (s suite) batchKeyTwice(t *testing.T) {
+	kv := s.batcher(t)
+	r1 := put(t, kv, "a.leader", "a0")
+	_, err := kv.WriteBatch(opCtx(t), []events.KVWrite{
+		{Key: "a.leader", Value: []byte("a1"), Revision: r1},
+		{Key: "a.leader", Value: []byte("a2"), Put: true},
+	})
+	if err == nil || errors.Is(err, events.ErrConflict) {
+		t.Fatalf("WriteBatch writing a key twice: %v, want a refusal (not a conflict)", err)
+	}
+	if _, err := kv.WriteBatch(opCtx(t), nil); err == nil {
+		t.Fatal("WriteBatch of no write: no error")
+	}
+	checkEntry(t, kv, "a after the refused batch", get(t, kv, "a.leader"), want{"a.leader", r1, events.OpPut, "a0"})
+}
+
+// batchWatched: a watch delivers every write of a batch, in order.
+func (s suite) batchWatched(t *testing.T) {
+	kv := s.batcher(t)
+	w := watch(t, kv, opCtx(t), "*.leader", events.WatchOptions{UpdatesOnly: true})
+	if e := nextEntry(t, w, "marker"); e.Revision != 0 {
+		t.Fatalf("first delivery %s, want the marker", show(e))
+	}
+	writes := make([]events.KVWrite, 20)
+	for i := range writes {
+		writes[i] = events.KVWrite{Key: fmt.Sprintf("p%02d.leader", i), Value: []byte{byte(i)}}
+	}
+	revs, err := kv.WriteBatch(opCtx(t), writes)
+	if err != nil {
+		t.Fatalf("WriteBatch: %v", err)
+	}
+	for i := range writes {
+		e := nextEntry(t, w, "batch write")
+		if e.Key != writes[i].Key || e.Revision != revs[i] {
+			t.Fatalf("delivery %d: %s, want %s@%d", i, show(e), writes[i].Key, revs[i])
+		}
 	}
 }
