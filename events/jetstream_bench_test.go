@@ -225,3 +225,72 @@ func readRawOnce(b *testing.B, js jetstream.JetStream) int {
 func reportEventsPerSecond(b *testing.B, elapsed time.Duration) {
 	b.ReportMetric(float64(benchReadEvents)*float64(b.N)/elapsed.Seconds(), "events/s")
 }
+
+// BenchmarkKVRegisterWrites compares ways to write many registers by
+// compare-and-set on a SyncAlways server (every acknowledged write is on
+// disk), as a node taking over a dead node's pairs does: 64 updates in
+// flight at once, each synced on its own, against atomic batches of
+// events.MaxKVBatch, synced once each. writes/s is the figure.
+func BenchmarkKVRegisterWrites(b *testing.B) {
+	const keys = 4 * events.MaxKVBatch
+	value := make([]byte, 120) // a signed register is about this size
+	setup := func(b *testing.B) (*events.JetStreamKV, []uint64) {
+		kv, _ := newTestKV(b)
+		revs := make([]uint64, keys)
+		for i := range revs {
+			rev, err := kv.Put(context.Background(), fmt.Sprintf("p%05d.leader", i), value)
+			if err != nil {
+				b.Fatal(err)
+			}
+			revs[i] = rev
+		}
+		return kv, revs
+	}
+	report := func(b *testing.B, start time.Time) {
+		b.ReportMetric(float64(b.N*keys)/time.Since(start).Seconds(), "writes/s")
+	}
+	b.Run("update-64-in-flight", func(b *testing.B) {
+		kv, revs := setup(b)
+		start := time.Now()
+		for range b.N {
+			var wg sync.WaitGroup
+			next := make(chan int, keys)
+			for i := range keys {
+				next <- i
+			}
+			close(next)
+			for range 64 {
+				wg.Go(func() {
+					for i := range next {
+						rev, err := kv.Update(context.Background(), fmt.Sprintf("p%05d.leader", i), value, revs[i])
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						revs[i] = rev
+					}
+				})
+			}
+			wg.Wait()
+		}
+		report(b, start)
+	})
+	b.Run("batch-256", func(b *testing.B) {
+		kv, revs := setup(b)
+		start := time.Now()
+		for range b.N {
+			for from := 0; from < keys; from += events.MaxKVBatch {
+				ws := make([]events.KVWrite, events.MaxKVBatch)
+				for j := range ws {
+					ws[j] = events.KVWrite{Key: fmt.Sprintf("p%05d.leader", from+j), Value: value, Revision: revs[from+j]}
+				}
+				got, err := kv.WriteBatch(context.Background(), ws)
+				if err != nil {
+					b.Fatal(err)
+				}
+				copy(revs[from:], got)
+			}
+		}
+		report(b, start)
+	})
+}

@@ -2,6 +2,8 @@ package runtime
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -165,5 +167,112 @@ func TestStoreGateDropsWritesTooLateToIssue(t *testing.T) {
 	}
 	if g.dropped.Load() != 1 || len(ran) != 2 || g.kv.Load() != 0 {
 		t.Fatalf("dropped %d, ran %v, kv %d; want one dropped, both others run, none pending", g.dropped.Load(), ran, g.kv.Load())
+	}
+}
+
+// batchCountingKV counts a KV's batches and single writes; refuse makes every
+// batch answer ErrBatchUnsupported.
+type batchCountingKV struct {
+	*events.MemoryKV
+	batches, singles atomic.Int64
+	refuse           bool
+}
+
+func (k *batchCountingKV) WriteBatch(ctx context.Context, ws []events.KVWrite) ([]uint64, error) {
+	k.batches.Add(1)
+	if k.refuse {
+		return nil, events.ErrBatchUnsupported
+	}
+	return k.MemoryKV.WriteBatch(ctx, ws)
+}
+
+func (k *batchCountingKV) Create(ctx context.Context, key string, v []byte) (uint64, error) {
+	k.singles.Add(1)
+	return k.MemoryKV.Create(ctx, key, v)
+}
+
+func (k *batchCountingKV) Update(ctx context.Context, key string, v []byte, rev uint64) (uint64, error) {
+	k.singles.Add(1)
+	return k.MemoryKV.Update(ctx, key, v, rev)
+}
+
+// gateWrites submits n register writes (one stale) while every worker is
+// busy, then frees the workers, and returns each write's answer.
+func gateWrites(t *testing.T, g *storeGate, kv *batchCountingKV, n, stale int) []error {
+	t.Helper()
+	hold := make(chan struct{})
+	for range maxMemberWrites {
+		g.submit(time.Now().Add(time.Minute), func() { <-hold })
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		key := failover.LeaderKey(fmt.Sprintf("p%04d", i))
+		rev, err := kv.MemoryKV.Put(context.Background(), key, []byte("old"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == stale {
+			rev-- // a rival wrote since this member read the register
+		}
+		wg.Add(1)
+		g.submitWrite(&kvWrite{ctx: context.Background(), kv: kv,
+			w:       events.KVWrite{Key: key, Value: []byte("new"), Revision: rev},
+			issueBy: time.Now().Add(time.Minute), deadline: time.Now().Add(2 * time.Minute),
+			done: func(_ uint64, err error, _ time.Duration) {
+				errs[i] = err
+				wg.Done()
+			}})
+	}
+	close(hold)
+	wg.Wait()
+	return errs
+}
+
+// Member writes that wait behind others go in batches: one stale write
+// fails alone (its batch is halved until it stands alone), every other
+// lands, with far fewer calls to the store than writes.
+func TestStoreGateBatchesWaitingWrites(t *testing.T) {
+	g := newStoreGate()
+	defer g.stop()
+	kv := &batchCountingKV{MemoryKV: events.NewMemoryKV("kv", nil)}
+	const n, stale = 600, 300
+	errs := gateWrites(t, g, kv, n, stale)
+	for i, err := range errs {
+		switch {
+		case i == stale && !errors.Is(err, events.ErrConflict):
+			t.Errorf("the stale write: %v, want a conflict", err)
+		case i != stale && err != nil:
+			t.Errorf("write %d: %v", i, err)
+		}
+	}
+	calls := kv.batches.Load() + kv.singles.Load()
+	if calls > n/10 || g.batched.Load() < n-100 || g.splits.Load() == 0 {
+		t.Errorf("%d batches and %d single writes for %d writes (%d in batches, %d splits): want batches", kv.batches.Load(), kv.singles.Load(), n, g.batched.Load(), g.splits.Load())
+	}
+	if g.kv.Load() != 0 {
+		t.Errorf("%d KV writes still counted pending", g.kv.Load())
+	}
+}
+
+// A store that refuses batches gets every write one at a time, and the
+// host hears of it once.
+func TestStoreGateWritesAloneWhenBatchesAreRefused(t *testing.T) {
+	g := newStoreGate()
+	defer g.stop()
+	var told atomic.Int64
+	g.onRefused = func(error) { told.Add(1) }
+	kv := &batchCountingKV{MemoryKV: events.NewMemoryKV("kv", nil), refuse: true}
+	errs := gateWrites(t, g, kv, 300, -1)
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("write %d: %v", i, err)
+		}
+	}
+	if kv.singles.Load() != 300 || told.Load() != 1 || g.batched.Load() != 0 {
+		t.Errorf("%d single writes, refusal told %d times, %d batched: want 300, 1, 0", kv.singles.Load(), told.Load(), g.batched.Load())
+	}
+	if g.kv.Load() != 0 {
+		t.Errorf("%d KV writes still counted pending", g.kv.Load())
 	}
 }

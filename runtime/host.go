@@ -327,6 +327,10 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 		}
 	}
 	gate := newStoreGate()
+	gate.onRefused = func(err error) {
+		logger.Warn("the store refuses batched writes: members' writes go one at a time (provision the bucket again to allow atomic batches)",
+			"err", err, "retry_after", batchRetry)
+	}
 	h := &Host{Log: boundedLog{Log: evlog, gate: gate}, gate: gate, KV: kv, logger: logger, metrics: opts.Metrics,
 		lvcfg: opts.LibvirtDriver, observe: opts.Observe, trust: opts.Trust, adding: map[string]bool{},
 		node: opts.Node, leadership: leadership, health: newStoreHealth(logger.With("component", "store-health"), opts.Metrics),

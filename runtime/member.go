@@ -553,16 +553,16 @@ func (a *memberActor) handle(r failover.Ready) {
 			}
 			w.Value = v
 		}
+		kw := a.kvWrite(w)
 		if a.deps.gate != nil {
 			// A write that waited for its turn past half its window is not
 			// issued: it would land after its deadline, counted failed by
 			// the member and written again — store work for nothing, and
 			// under a takeover of thousands of pairs every write landed
 			// late, none counted, and the rewrites never stopped.
-			window := w.Deadline - a.now()
-			a.deps.gate.submit(time.Now().Add(window/2), func() { a.write(w) })
+			a.deps.gate.submitWrite(kw)
 		} else {
-			go a.write(w)
+			go performWrite(kw)
 		}
 	}
 	for _, p := range r.Procedures {
@@ -570,32 +570,28 @@ func (a *memberActor) handle(r failover.Ready) {
 	}
 }
 
-// write performs one KV write and answers it. It runs on a worker of the
-// host's gate (or a goroutine of its own); its deadline is the member's:
-// a write whose turn comes after it is never issued, and the member
-// counts it failed.
-func (a *memberActor) write(w failover.Write) {
-	timeout := w.Deadline - a.now()
-	if timeout <= 0 {
-		return // the member has already counted it as failed
+// kvWrite is w as the host's gate performs it (alone, or in a batch
+// with other members' writes): within the member's deadline, answered to
+// the member. A write whose turn comes after half its window is never
+// issued, and the member counts it failed at its deadline.
+func (a *memberActor) kvWrite(w failover.Write) *kvWrite {
+	window := w.Deadline - a.now()
+	now := time.Now()
+	return &kvWrite{
+		ctx: a.ctx, kv: a.deps.KV,
+		w:        events.KVWrite{Key: w.Key, Value: w.Value, Put: w.Put, Revision: w.ExpectRev},
+		issueBy:  now.Add(window / 2),
+		deadline: now.Add(window),
+		done:     func(rev uint64, err error, took time.Duration) { a.answer(w, rev, err, took) },
 	}
-	ctx, cancel := context.WithTimeout(a.ctx, timeout)
-	defer cancel()
-	var rev uint64
-	var err error
-	began := time.Now()
-	switch {
-	case w.Put:
-		rev, err = a.deps.KV.Put(ctx, w.Key, w.Value)
-	case w.ExpectRev == 0:
-		rev, err = a.deps.KV.Create(ctx, w.Key, w.Value)
-	default:
-		rev, err = a.deps.KV.Update(ctx, w.Key, w.Value, w.ExpectRev)
-	}
+}
+
+// answer hands the member the outcome of its KV write w.
+func (a *memberActor) answer(w failover.Write, rev uint64, err error, took time.Duration) {
 	if a.ctx.Err() != nil {
 		return
 	}
-	a.deps.health.observeWrite(time.Since(began), a.cfg.Rules.HeartbeatTimeout)
+	a.deps.health.observeWrite(took, a.cfg.Rules.HeartbeatTimeout)
 	res := failover.WriteResult{Op: w.Op, Err: failover.WriteErrOf(err), Revision: rev}
 	switch res.Err {
 	case failover.WriteOK:

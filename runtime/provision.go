@@ -364,9 +364,12 @@ func (a Asset) streamConfig() jetstream.StreamConfig {
 			AllowRollup:       false,
 			DenyDelete:        true,
 			AllowDirect:       true,
-			Duplicates:        dup,
-			Discard:           jetstream.DiscardNew,
-			Retention:         jetstream.LimitsPolicy,
+			// A node's register writes go in atomic batches when many wait
+			// (a takeover of thousands of pairs): one disk sync per batch.
+			AllowAtomicPublish: true,
+			Duplicates:         dup,
+			Discard:            jetstream.DiscardNew,
+			Retention:          jetstream.LimitsPolicy,
 		}
 	}
 	history := a.History
@@ -479,6 +482,11 @@ func settingsOf(k AssetKind) []setting {
 			field: "discard",
 			get:   func(c *jetstream.StreamConfig) string { return c.Discard.String() },
 			set:   func(d, s *jetstream.StreamConfig) { d.Discard = s.Discard },
+		},
+		{
+			field: "allow_atomic",
+			get:   func(c *jetstream.StreamConfig) string { return strconv.FormatBool(c.AllowAtomicPublish) },
+			set:   func(d, s *jetstream.StreamConfig) { d.AllowAtomicPublish = s.AllowAtomicPublish },
 		},
 	}
 }

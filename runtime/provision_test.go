@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"understudy/events"
 )
 
 var testNames = AssetsConfig{
@@ -301,7 +303,9 @@ func TestProvisionRejectsInvalidAsset(t *testing.T) {
 
 // Buckets made by hand (nats kv add) with the same settings are adopted as
 // they are, but for rollups, which nats kv add allows and understudy turns
-// off (a rollup on one key would purge every pair's keys).
+// off (a rollup on one key would purge every pair's keys), and atomic
+// batches, which understudy turns on (a node's register writes go in
+// batches under load).
 func TestProvisionAdoptsEqualAssetsMadeElsewhere(t *testing.T) {
 	log, _ := newLogRecorder(t)
 	js := jetStreamOf(t, startEmbedded(t, log))
@@ -315,8 +319,15 @@ func TestProvisionAdoptsEqualAssetsMadeElsewhere(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := p.Assets[0]
-	if got.Outcome != Updated || len(got.Refused) != 0 || len(got.Applied) != 1 || got.Applied[0].Field != "allow_rollup" {
-		t.Errorf("bucket made by CreateKeyValue: %+v, want only allow_rollup turned off", got)
+	if got.Outcome != Updated || len(got.Refused) != 0 || len(got.Applied) != 2 || got.Applied[0].Field != "allow_rollup" || got.Applied[1].Field != "allow_atomic" {
+		t.Errorf("bucket made by CreateKeyValue: %+v, want only allow_rollup turned off and allow_atomic on", got)
+	}
+	kv, err := events.NewJetStreamKV(ctx, js, DefaultFailoverBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !kv.Batches() {
+		t.Error("the provisioned failover bucket takes no batches")
 	}
 }
 
