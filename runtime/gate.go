@@ -169,19 +169,27 @@ func (g *storeGate) run(j *gateJob) {
 		g.single(j.w)
 		return
 	}
+	for _, o := range g.batch(b, j) {
+		g.run(o) // after the batch's slot is given back: run may take one
+	}
+}
+
+// batch sends j with the writes waiting behind it (up to
+// events.MaxKVBatch, distinct keys) as one batch, within a batch slot,
+// and returns the jobs it took from the queue but could not put in.
+func (g *storeGate) batch(b events.KVBatcher, j *gateJob) (after []*gateJob) {
 	select {
 	case g.batches <- struct{}{}:
 	case <-g.done:
 		g.kv.Add(-1) // never issued: the member counts it failed
-		return
+		return nil
 	}
 	defer func() { <-g.batches }()
 	if g.late(j) {
-		return
+		return nil
 	}
 	batch := []*kvWrite{j.w}
 	keys := map[string]bool{j.w.w.Key: true}
-	var after []*gateJob // taken while gathering, but not for this batch
 gather:
 	for len(batch) < events.MaxKVBatch {
 		select {
@@ -198,9 +206,7 @@ gather:
 		}
 	}
 	g.writeBatch(b, batch)
-	for _, o := range after {
-		g.run(o)
-	}
+	return after
 }
 
 // single performs one member write on its own.
