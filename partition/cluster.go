@@ -159,7 +159,7 @@ func (c *Cluster) nodeFile(site string) string {
 `, kind, filepath.Join(c.Dir, "oracle.sh"), kind, node, c.OracleFile(node))
 	}
 	return fmt.Sprintf(`node: %s
-nats:
+%snats:
   url: %q
   retry: {initial: 250ms, max: 2s}
 assets:
@@ -180,7 +180,7 @@ pairs:
       fence:
 %s      promote:
 %s      demote:
-%s`, node, strings.Join(urls, ","), preferred, PairName, NodeA, NodeB, HeartbeatTimeout, FailoverTimeout,
+%s`, node, TestLeadership(), strings.Join(urls, ","), preferred, PairName, NodeA, NodeB, HeartbeatTimeout, FailoverTimeout,
 		step(KindFence), step(KindPromote), step(KindDemote))
 }
 
@@ -458,4 +458,14 @@ func orNone(s string) string {
 		return "none"
 	}
 	return s
+}
+
+// TestLeadership is the node files' leadership line: from
+// UNDERSTUDY_TEST_LEADERSHIP (node or per-pair), so that the suites run
+// in either mode; empty (the default of the node file) when unset.
+func TestLeadership() string {
+	if l := strings.TrimSpace(os.Getenv("UNDERSTUDY_TEST_LEADERSHIP")); l != "" {
+		return "leadership: " + l + "\n"
+	}
+	return ""
 }

@@ -159,6 +159,9 @@ func (c *cluster) nodeFile(i int) string {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "node: %s\ndata_dir: %s\nhttp: 127.0.0.1:0\nnats: {url: %q}\nassets: {replicas: 1}\nlog: {level: debug}\n", s.name, filepath.Join(s.dir, "state"), c.natsURL)
+	if l := strings.TrimSpace(os.Getenv("UNDERSTUDY_TEST_LEADERSHIP")); l != "" {
+		b.WriteString("leadership: " + l + "\n") // the suite in either mode (partition.TestLeadership)
+	}
 	fmt.Fprintf(&b, "pairs:\n  - pair: %s\n    primary: site-a\n    replica: site-b\n", pairName)
 	fmt.Fprintf(&b, "    heartbeat_timeout: %v\n    failure_threshold: 2\n    success_threshold: 2\n", heartbeat)
 	fg := fenceGrace
