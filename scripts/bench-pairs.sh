@@ -10,11 +10,18 @@
 #   scripts/bench-pairs.sh                           # PAIRS="300 600", 60 s, no leadership key
 #   PAIRS="300 600 1000 10000" MODE=both KILL=1 DURATION=10m scripts/bench-pairs.sh
 #   REV=HEAD scripts/bench-pairs.sh                  # a commit instead of the working tree
+#   # issue 16's side by side, one run: per-pair at 300 and 600, node at
+#   # 300, 600, 1,000 and 10,000 (10 minutes of steady state at 10,000)
+#   MODE=both PAIRS="300 600 1000 10000" PER_PAIR_PAIRS="300 600" \
+#     DURATIONS="10000=10m" KILL=1 scripts/bench-pairs.sh
 #
 # PAIRS     pair counts, space-separated (default "300 600")
 # MODE      per-pair, node or both: written as `leadership:` into the node
 #           files; unset: no key (the binary's default)
 # DURATION  steady phase per run, a Go duration (default 60s)
+# DURATIONS per pair count, "N=duration ..." overriding DURATION
+# PER_PAIR_PAIRS  with MODE=both, the pair counts per-pair leadership runs
+#           at (default: every count of PAIRS); node runs at all
 # KILL      1: SIGKILL site-a after the steady phase and time the takeovers
 # TOPOLOGY  store (default) or embedded (site-a embeds NATS, as issue 16
 #           first measured; no KILL then)
@@ -32,6 +39,8 @@ repo=$PWD
 PAIRS=${PAIRS:-"300 600"}
 MODE=${MODE:-}
 DURATION=${DURATION:-60s}
+DURATIONS=${DURATIONS:-}
+PER_PAIR_PAIRS=${PER_PAIR_PAIRS:-}
 KILL=${KILL:-0}
 TOPOLOGY=${TOPOLOGY:-store}
 REPLAY=${REPLAY:-1}
@@ -92,7 +101,7 @@ cp "$repo"/benchmarks/pairs/*.go "$h"/
 cp "$src/go.sum" "$h/go.sum"
 (cd "$h" && go build -tags libvirt_dlopen -o "$tmp/bin/bench-pairs" .)
 
-args=(-bin "$tmp/bin/understudy" -rev "$rev" -duration "$DURATION" -topology "$TOPOLOGY" -workdir "$tmp")
+args=(-bin "$tmp/bin/understudy" -rev "$rev" -topology "$TOPOLOGY" -workdir "$tmp")
 [ "$KILL" = 1 ] && args+=(-kill)
 [ "$REPLAY" = 0 ] && args+=(-replay=false)
 [ "$KEEP" = 1 ] && args+=(-keep -workdir /tmp)
@@ -104,9 +113,16 @@ lines=()
 status=0
 for mode in "${modes[@]}"; do
   for n in $PAIRS; do
-    say "run: pairs=$n mode=${mode:-unset} duration=$DURATION kill=$KILL topology=$TOPOLOGY load=$(cut -d' ' -f1-3 /proc/loadavg)"
+    if [ "$mode" = per-pair ] && [ -n "$PER_PAIR_PAIRS" ] && ! [[ " $PER_PAIR_PAIRS " == *" $n "* ]]; then
+      continue
+    fi
+    duration=$DURATION
+    for d in $DURATIONS; do
+      [ "${d%%=*}" = "$n" ] && duration=${d#*=}
+    done
+    say "run: pairs=$n mode=${mode:-unset} duration=$duration kill=$KILL topology=$TOPOLOGY load=$(cut -d' ' -f1-3 /proc/loadavg)"
     out=$tmp/run.out
-    "$tmp/bin/bench-pairs" "${args[@]}" -pairs "$n" -mode "$mode" >"$out" &
+    "$tmp/bin/bench-pairs" "${args[@]}" -duration "$duration" -pairs "$n" -mode "$mode" >"$out" &
     harness_pid=$!
     rc=0
     wait "$harness_pid" || rc=$?

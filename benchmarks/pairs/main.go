@@ -503,6 +503,10 @@ func steady(ctx context.Context, o options, c *cluster, nc *nats.Conn, js jetstr
 	return nil
 }
 
+// servingWithin bounds the wait for the survivor's serving_started
+// events to be in the record after it took every register.
+const servingWithin = 3 * time.Minute
+
 // killPhase SIGKILLs site-a and waits until site-b holds every pair that
 // site-a held, then dates each takeover from the record.
 func killPhase(ctx context.Context, o options, c *cluster, nc *nats.Conn, js jetstream.JetStream, pairs []string, r *result) error {
@@ -547,9 +551,28 @@ func killPhase(ctx context.Context, o options, c *cluster, nc *nats.Conn, js jet
 	if mb, err := scrapeMembers(ctx, c.b.httpAddr.Load().(string)); err == nil {
 		r.KillMetricsServingB = len(mb.serving)
 	}
-	tos, err := readTakeovers(ctx, nc, js, tKill.Add(-2*defaultRules.FailoverTimeout), tKill)
-	if err != nil {
-		return err
+	// The survivor appends its events after it acts (thousands of
+	// takeovers queue thousands of appends): read the record until every
+	// pair it took has its serving_started, or servingWithin has passed.
+	// Each event is dated when it happened (Record.Occurred), not when it
+	// was stored.
+	var tos map[string]*takeover
+	for waited := time.Now(); ; {
+		tos, err = readTakeovers(ctx, nc, js, tKill.Add(-2*defaultRules.FailoverTimeout), tKill)
+		if err != nil {
+			return err
+		}
+		missing := 0
+		for p := range held {
+			if t := tos[p]; t == nil || t.serving.IsZero() {
+				missing++
+			}
+		}
+		if missing == 0 || time.Since(waited) > servingWithin || ctx.Err() != nil {
+			break
+		}
+		o.progressf(false, "site-a killed: %d of %d takeovers without serving_started in the record yet", missing, len(held))
+		sleep(ctx, 5*time.Second)
 	}
 	var acq, srv, beat []float64
 	for p := range held {
