@@ -144,8 +144,8 @@ func NewCodec() *events.Registry {
 	return reg
 }
 
-// KV is the server's bucket.
-func (s *Server) KV() events.KV { return s.kv }
+// KV is the server's bucket; it takes atomic batches.
+func (s *Server) KV() events.KVBatcher { return s.kv }
 
 // Log is the server's event stream.
 func (s *Server) Log() events.Log { return s.log }
@@ -210,6 +210,31 @@ func (s *Server) write(t time.Duration, w *failover.Write) writeResult {
 		s.journal = append(s.journal, events.Entry{Bucket: s.opts.Bucket, Key: w.Key, Value: w.Value, Revision: rev, Time: ts, Op: events.OpPut})
 	}
 	return writeResult{ok: true, rev: rev, ts: ts}
+}
+
+// writeBatch performs members' KV writes at virtual time t as one atomic
+// batch (events.KVBatcher): all land, at consecutive revisions in order
+// and with one timestamp, or none does (ok false: an expectation failed).
+func (s *Server) writeBatch(t time.Duration, ws []*failover.Write) (revs []uint64, ts time.Time, ok bool) {
+	s.at(t)
+	kw := make([]events.KVWrite, len(ws))
+	for i, w := range ws {
+		kw[i] = events.KVWrite{Key: w.Key, Value: w.Value, Put: w.Put, Revision: w.ExpectRev}
+	}
+	revs, err := s.kv.WriteBatch(bg, kw)
+	if err != nil {
+		if !errors.Is(err, events.ErrConflict) {
+			panic(fmt.Sprintf("simulated server: batch of %d: %v", len(ws), err))
+		}
+		return nil, time.Time{}, false
+	}
+	ts = s.clock.Now()
+	if s.keep {
+		for i, w := range ws {
+			s.journal = append(s.journal, events.Entry{Bucket: s.opts.Bucket, Key: w.Key, Value: w.Value, Revision: revs[i], Time: ts, Op: events.OpPut})
+		}
+	}
+	return revs, ts, true
 }
 
 // put is an operator's unconditional write (a switchover request).

@@ -25,6 +25,7 @@ func TestServerConformance(t *testing.T) {
 			return cur.KV()
 		},
 		Advance: func(t *testing.T, d time.Duration) { cur.Advance(d) },
+		Batches: true,
 	})
 }
 
