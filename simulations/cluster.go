@@ -2,6 +2,7 @@ package simulations
 
 import (
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"understudy/actors/failover"
@@ -54,7 +55,8 @@ type cluster struct {
 type proposal struct {
 	ref  int32
 	node int8
-	key  string // KV key or event subject
+	key  string   // KV key or event subject
+	keys []string // a batch's keys (key "")
 }
 
 // regView is the register as one site's server has applied it (forged:
@@ -245,7 +247,7 @@ func (w *world) commitProposals(i int) {
 // inFlight reports whether site i's leader holds a proposal for key.
 func (c *cluster) inFlight(i int, key string) bool {
 	for _, p := range c.pending[i] {
-		if p.key == key {
+		if p.key == key || (p.keys != nil && slices.Contains(p.keys, key)) {
 			return true
 		}
 	}

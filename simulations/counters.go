@@ -73,6 +73,9 @@ const (
 	cConflictUnread    // an append conflict's records could not be read: undecided, retried
 	cConflictOwnLanded // an append conflict's first record after last was the appender's own: its attempt had landed
 	cConflictForeign   // an append conflict's records after last were all foreign: skipped
+	// Batches of member KV writes (batch.go).
+	cBatchSent  // a node sent waiting member writes as one atomic batch
+	cBatchSplit // a batch was refused on a conflict and split in two
 	numCounters
 )
 
@@ -139,6 +142,8 @@ var counterNames = [numCounters]string{
 	cConflictUnread:          "event-append-conflict-unread-retried",
 	cConflictOwnLanded:       "event-append-conflict-own-record-landed",
 	cConflictForeign:         "event-append-conflict-foreign-skipped",
+	cBatchSent:               "host-batch-sent",
+	cBatchSplit:              "host-batch-split-on-conflict",
 }
 
 func (c counterID) String() string { return counterNames[c] }

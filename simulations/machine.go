@@ -348,6 +348,10 @@ func (w *world) broadcast(pair int32, rev uint64, in failover.Input) {
 // (for the member of their pair, or for all) and Synced, a member's
 // answers, its liveness writer's answers.
 func (w *world) atNode(m *machine, it item) {
+	if w.msgs[it.ref].kind == mBatchResult {
+		w.batchAnswered(m, it)
+		return
+	}
 	if !m.paused {
 		w.answeredSlot(m, it.ref)
 	}

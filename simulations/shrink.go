@@ -146,6 +146,10 @@ func Command(cfg Config, pairConfig string) string {
 		b.WriteString(" --host-write-bound ")
 		b.WriteString(strconv.Itoa(cfg.HostWriteBound))
 	}
+	if cfg.HostBatch > 0 {
+		b.WriteString(" --host-batch ")
+		b.WriteString(strconv.Itoa(cfg.HostBatch))
+	}
 	if cfg.FaultsSet {
 		b.WriteString(" --faults ")
 		b.WriteString(shellQuote(FormatFaults(cfg.Faults)))

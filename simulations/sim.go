@@ -67,6 +67,11 @@ type Config struct {
 	// deadline, not only within the first half of its window (finding N8,
 	// kept by TestTakeoverRegisterStorm; not a flag: no runtime does it).
 	HostIssueLate bool
+	// HostBatch: a node whose members' KV writes wait at its bound sends
+	// them in atomic batches of up to this many, each served by the store
+	// in one service time (0: one write per request, as before;
+	// the runtime's host: HostBatchRuntime; needs HostWriteBound; batch.go).
+	HostBatch int
 }
 
 // DefaultPair is the pair the simulator runs when Config.Rules is zero.
@@ -199,6 +204,8 @@ const (
 	mAppendAck
 	mStep
 	mProcResult
+	mBatch       // a node's batch of member KV writes (batch.go)
+	mBatchResult // its answer
 )
 
 // msg is a message on a link (or a result inside a node). Messages live in
@@ -225,7 +232,8 @@ type msg struct {
 	retried bool           // mAppendAck: ... past the dedup window: the client's read of its first attempt must succeed (recognised)
 	sent    time.Duration  // mWrite: when it was sent
 	seq     uint64         // mAppendAck
-	slot    uint64         // mWrite, mAppend and their answers: the token of its node's gate slot (0: none)
+	slot    uint64         // mWrite, mAppend, mBatch and their answers: the token of its node's gate slot (0: none)
+	batch   int32          // mWrite and its answer in a batch, mBatch, mBatchResult: 1 + the index of the batch (0: none)
 	run     uint64         // mStep
 	chain   procedure.ChainKind
 	final   bool // mStep: the last step of its chain
@@ -346,6 +354,12 @@ func newWorld(cfg Config) (*world, error) {
 	}
 	if cfg.StoreWriteTime < 0 || cfg.HostWriteBound < 0 {
 		return nil, fmt.Errorf("store write time and host write bound must not be negative")
+	}
+	if cfg.HostBatch < 0 || cfg.HostBatch > events.MaxKVBatch {
+		return nil, fmt.Errorf("host batch: 0 (no batches) to %d writes, got %d", events.MaxKVBatch, cfg.HostBatch)
+	}
+	if cfg.HostBatch > 0 && cfg.HostWriteBound == 0 {
+		return nil, fmt.Errorf("host batch %d needs a host write bound: writes are batched only while they wait at it (the runtime's: %d)", cfg.HostBatch, HostWriteBoundRuntime)
 	}
 	if cfg.Pairs > MaxPairs {
 		return nil, fmt.Errorf("pairs per node: at most %d, got %d", MaxPairs, cfg.Pairs)
@@ -537,9 +551,16 @@ const (
 // serverWrite applies a member's KV write, fans it out to the watches and
 // answers the writer.
 func (s *sim) serverWrite(n *node, ref int32) {
+	s.writeServed(n, ref, s.server.write(s.now, &s.msgs[ref].write))
+}
+
+// writeServed carries out what the server did with a member's KV write
+// (res: alone, or as part of a batch that landed): the checkers, the
+// watches, the writer's answer (in a batch, the batch's answer carries it).
+func (s *sim) writeServed(n *node, ref int32, res writeResult) {
 	m := &s.msgs[ref]
 	w := &m.write
-	res := s.server.write(s.now, w)
+	batched := m.batch != 0
 	out := failover.WriteResult{Op: w.Op}
 	leaderKey := w.Key == failover.LeaderKey(s.rules.Pair)
 	if res.ok {
@@ -582,6 +603,11 @@ func (s *sim) serverWrite(n *node, ref int32) {
 			} else {
 				s.tracef(n.site, "heartbeat rev %d: %s ready=%v", res.rev, w.Beat.Phase, w.Beat.Ready)
 			}
+		}
+		if batched {
+			s.batchFan = append(s.batchFan, fanned{pair: s.pi, rev: res.rev, in: in})
+			s.reply(n.machine, ref, out)
+			return
 		}
 		// The writer's answer and the watch delivery of the same entry race
 		// on the writer's connection; either may come first.

@@ -30,6 +30,8 @@ type SwarmConfig struct {
 	// nodes' bound on writes in flight (see Config).
 	StoreWriteTime time.Duration
 	HostWriteBound int
+	// HostBatch: the nodes' batches of waiting member writes (see Config).
+	HostBatch int
 	// Workers is how many simulations run at once; default GOMAXPROCS.
 	Workers int
 	// ShrinkBudget bounds the runs spent minimising each failing seed's
@@ -81,7 +83,7 @@ func (c SwarmConfig) SeedConfig(seed uint64) Config {
 		sc = "random"
 	}
 	return Config{Scenario: sc, Seed: seed, Duration: d, Rules: c.Rules, AllowUnsafe: c.AllowUnsafe, Fsync: c.Fsync, Leadership: c.Leadership, Pairs: c.Pairs,
-		StoreWriteTime: c.StoreWriteTime, HostWriteBound: c.HostWriteBound}
+		StoreWriteTime: c.StoreWriteTime, HostWriteBound: c.HostWriteBound, HostBatch: c.HostBatch}
 }
 
 // Swarm runs c.Seeds independent simulations on c.Workers goroutines (each

@@ -28,9 +28,23 @@ const HostWriteBoundRuntime = 64
 // later lands after its deadline under load, counts failed all the same,
 // and is written again — finding N8); an append's at its deadline.
 type gate struct {
-	held map[uint64]struct{} // the tokens of the requests in flight
+	held map[uint64]slotKind // the tokens of the slots taken: requests in flight, and (HostBatch) writes waiting for a batch's turn
 	wait []gated
+	// HostBatch (batch.go): batches in flight, and the writes whose turn
+	// came while hostBatches flew, each holding a slot (the runtime's
+	// worker) until a batch's turn frees.
+	batches int
+	parked  []parked
 }
+
+// slotKind is what holds a gate slot.
+type slotKind uint8
+
+const (
+	slotAlone  slotKind = iota // a request on its own
+	slotBatch                  // a batch of member writes
+	slotParked                 // a write waiting for a batch's turn
+)
 
 type gated struct {
 	ref     int32
@@ -49,10 +63,15 @@ func (w *world) storeQueue(it item) bool {
 	if w.cfg.StoreWriteTime <= 0 || w.server.down {
 		return false
 	}
-	if k := w.msgs[it.ref].kind; k != mWrite && k != mAppend {
+	service := w.cfg.StoreWriteTime
+	switch w.msgs[it.ref].kind {
+	case mWrite, mAppend:
+	case mBatch:
+		service = w.batchService(it.ref)
+	default:
 		return false
 	}
-	done := max(w.now, w.storeFree) + w.cfg.StoreWriteTime
+	done := max(w.now, w.storeFree) + service
 	w.storeFree = done
 	it.kind, it.at = evStored, done
 	w.push(it)
@@ -81,11 +100,11 @@ func (w *world) issue(m *machine, g int, ref int32, by time.Duration) {
 func (w *world) admit(m *machine, g int, ref int32, by time.Duration) {
 	gt := &m.gates[g]
 	if gt.held == nil {
-		gt.held = map[uint64]struct{}{}
+		gt.held = map[uint64]slotKind{}
 	}
 	w.tokens++
 	tok := w.tokens
-	gt.held[tok] = struct{}{}
+	gt.held[tok] = slotAlone
 	w.msgs[ref].slot = tok
 	w.push(item{at: max(by, w.now+1), kind: evSlotDeadline, node: int8(m.idx), ref: int32(g), gen: tok})
 	w.send(m, true, ref)
@@ -95,16 +114,25 @@ func (w *world) admit(m *machine, g int, ref int32, by time.Duration) {
 // passed) and issues what waited, dropping what waited past its deadline.
 func (w *world) freeSlot(m *machine, g int, tok uint64) {
 	gt := &m.gates[g]
-	if _, ok := gt.held[tok]; !ok {
+	kind, ok := gt.held[tok]
+	if !ok {
 		return
 	}
 	delete(gt.held, tok)
+	if kind == slotBatch {
+		gt.batches--
+		w.unpark(m)
+	}
 	for len(gt.wait) > 0 && len(gt.held) < w.cfg.HostWriteBound {
 		x := gt.wait[0]
 		gt.wait = gt.wait[1:]
 		if w.now >= x.by || w.now > x.issueBy {
 			w.count(cNotIssued)
 			w.release(x.ref)
+			continue
+		}
+		if g == gateWrites && len(gt.wait) > 0 && w.cfg.HostBatch > 1 && !isLive(&w.msgs[x.ref].write) {
+			w.batchTurn(m, x)
 			continue
 		}
 		w.admit(m, g, x.ref, x.by)
@@ -131,6 +159,9 @@ func (w *world) resetGates(m *machine) {
 	for g := range m.gates {
 		for _, x := range m.gates[g].wait {
 			w.release(x.ref)
+		}
+		for _, p := range m.gates[g].parked {
+			w.release(p.x.ref)
 		}
 		m.gates[g] = gate{}
 	}

@@ -69,7 +69,11 @@ type world struct {
 	liveViews [3][2]liveRec
 	storeFree time.Duration // StoreWriteTime: when the server has served the writes it holds
 	tokens    uint64        // the last gate slot token drawn
-	regTail   int           // node leadership: register writes asked for in the run's last tailWindow
+	batches   []batchJob    // HostBatch: the nodes' batches, by index (batch.go)
+	freeBatch []int32       // ... those free for reuse
+	batchKeys map[string]struct{}
+	batchFan  []fanned // the watch deliveries of a batch's writes, sent beside its answer
+	regTail   int      // node leadership: register writes asked for in the run's last tailWindow
 }
 
 // multi: the run has several pairs (names in traces and violations).
@@ -93,6 +97,10 @@ func (w *world) alloc(m msg) int32 {
 }
 
 func (w *world) release(ref int32) {
+	if k := w.msgs[ref].kind; k == mBatch || k == mBatchResult {
+		w.dropBatch(w.msgs[ref].batch - 1)
+	}
+
 	w.msgs[ref] = msg{}
 	w.free = append(w.free, ref)
 }
@@ -280,6 +288,8 @@ func (w *world) serve(m *machine, ref int32) {
 		}
 		s := w.pairs[mg.pair]
 		s.serverWrite(s.nodes[m.idx], ref)
+	case mBatch:
+		w.serveBatch(m, ref)
 	case mAppend:
 		s := w.pairs[mg.pair]
 		n := s.nodes[m.idx]
@@ -312,21 +322,17 @@ func (w *world) propose(m *machine, ref int32, at int) {
 			w.refuseWrite(m, ref, events.KVAPIError(create, codeInFlight, descInFlight))
 			return
 		}
-		switch {
-		case wr.Put:
-		case isLive(wr):
-			if li := w.liveIndex(key); li >= 0 {
-				if v := &w.liveViews[at][li]; (create && v.known) || (!create && wr.ExpectRev != v.e.Rev) {
-					w.refuseWrite(m, ref, events.KVAPIError(create, codeWrongLast, descWrongLast))
-					return
-				}
-			}
-		case mg.pair >= 0 && key == failover.LeaderKey(w.pairs[mg.pair].rules.Pair):
-			if v := &w.pairs[mg.pair].views[at]; (create && v.known) || (!create && wr.ExpectRev != v.rev) {
-				w.refuseWrite(m, ref, events.KVAPIError(create, codeWrongLast, descWrongLast))
-				return
-			}
+		if w.wrongAtLeader(at, mg.pair, wr) {
+			w.refuseWrite(m, ref, events.KVAPIError(create, codeWrongLast, descWrongLast))
+			return
 		}
+	case mBatch:
+		keys, ok := w.proposeBatch(m, ref, at)
+		if !ok {
+			return
+		}
+		c.pending[at] = append(c.pending[at], proposal{ref: ref, node: int8(m.idx), keys: keys})
+		return
 	case mAppend:
 		key = w.pairs[mg.pair].nodes[m.idx].apps[mg.stream].subject
 		if c.inFlight(at, key) {
@@ -340,6 +346,25 @@ func (w *world) propose(m *machine, ref int32, at int) {
 		return
 	}
 	c.pending[at] = append(c.pending[at], proposal{ref: ref, node: int8(m.idx), key: key})
+}
+
+// wrongAtLeader reports whether a leader without quorum (at site at)
+// refuses a KV write of pair's member at once (10071): its expectation
+// does not hold on the register or liveness record that leader applied.
+func (w *world) wrongAtLeader(at int, pair int32, wr *failover.Write) bool {
+	create := !wr.Put && wr.ExpectRev == 0
+	switch {
+	case wr.Put:
+	case isLive(wr):
+		if li := w.liveIndex(wr.Key); li >= 0 {
+			v := &w.liveViews[at][li]
+			return (create && v.known) || (!create && wr.ExpectRev != v.e.Rev)
+		}
+	case pair >= 0 && wr.Key == failover.LeaderKey(w.pairs[pair].rules.Pair):
+		v := &w.pairs[pair].views[at]
+		return (create && v.known) || (!create && wr.ExpectRev != v.rev)
+	}
+	return false
 }
 
 // refuseWrite answers a KV write the server refused with err, as the
@@ -382,6 +407,9 @@ func (w *world) refuseWrite(m *machine, ref int32, err error) {
 func (w *world) reply(m *machine, ref int32, out failover.WriteResult) {
 	mg := &w.msgs[ref]
 	mg.kind, mg.res = mWriteResult, out
+	if mg.batch != 0 {
+		return // its batch's answer carries it (batch.go)
+	}
 	w.send(m, false, ref)
 }
 

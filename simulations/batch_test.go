@@ -1,0 +1,122 @@
+package simulations
+
+import (
+	"testing"
+	"time"
+)
+
+// takeoverSpan is how long after at the last takeover won its register,
+// and the last new holder started serving (-1: a takeover did not serve).
+func takeoverSpan(r *Result, at time.Duration) (won, serving time.Duration) {
+	sec := func(s float64) time.Duration { return time.Duration(s*float64(time.Second)) - at }
+	for _, t := range r.Takeovers {
+		won = max(won, sec(t.At))
+		if t.ServingAt < 0 {
+			serving = -1
+		} else if serving >= 0 {
+			serving = max(serving, sec(t.ServingAt))
+		}
+	}
+	return won, serving
+}
+
+// TestBatchedTakeover keeps what batches of member writes (HostBatch)
+// change in finding N8's setting: node leadership, 1,000 pairs a node, a
+// store serving one write (or one batch) per 1.2ms, the runtime's bound of
+// 64; the replicas' node starts 20s late, the primaries' node is cut at
+// 40s. One write at a time, the survivor's 1,000 takeovers end 9.6s after
+// the cut (past failover_timeout + 2×heartbeat_timeout = 7s: 5,558 failed
+// acquires, 14,851 writes not issued). In batches of 256 (31 batches):
+// every pair is taken over within 7s of the cut (6.3s, the last new holder
+// serving at 6.8s; 737 failed acquires, 800 writes not issued, most of
+// them epoch raises, which go one at a time), and no invariant fails.
+// Without the batches' effect the second half fails.
+func TestBatchedTakeover(t *testing.T) {
+	faults, err := ParseFaults("crash(site-b)@1ms+20s;powercut(site-a)@40s", "site-a", "site-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const cut = 40 * time.Second
+	cfg := Config{Scenario: "power-cut", Seed: 1, Duration: 60 * time.Second, Leadership: LeadershipNode, Pairs: 1000,
+		StoreWriteTime: 1200 * time.Microsecond, HostWriteBound: HostWriteBoundRuntime,
+		Faults: faults, FaultsSet: true}
+	rules := DefaultPair()
+	bound := rules.FailoverTimeout + 2*rules.HeartbeatTimeout
+
+	alone, err := Run(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if won, _ := takeoverSpan(alone, cut); alone.Failovers == cfg.Pairs && won <= bound {
+		t.Errorf("one write at a time: every pair taken over %v after the cut, within %v; the store no longer bounds the takeover in this setting", won, bound)
+	}
+
+	cfg.HostBatch = HostBatchRuntime
+	batched, err := Run(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if batched.Failovers != cfg.Pairs {
+		t.Errorf("in batches: %d failovers, want %d", batched.Failovers, cfg.Pairs)
+	}
+	won, serving := takeoverSpan(batched, cut)
+	if won > bound {
+		t.Errorf("in batches: the last takeover %v after the cut, want within %v", won, bound)
+	}
+	if serving < 0 || serving > bound {
+		t.Errorf("in batches: the last new holder serving %v after the cut, want within %v", serving, bound)
+	}
+	if n := countOf(batched, "host-batch-sent"); n == 0 {
+		t.Errorf("in batches: no batch sent")
+	}
+	for _, v := range batched.Violations {
+		t.Errorf("in batches: %+v", v)
+	}
+}
+
+func countOf(r *Result, name string) int {
+	for _, c := range r.Sometimes {
+		if c.Name == name {
+			return c.Count
+		}
+	}
+	return 0
+}
+
+// Batches under faults: a random schedule over 200 pairs a node (an
+// isolation of the primaries' site with a leader election, a slow link,
+// two crashes, a switchover) sends batches, splits some on a conflict,
+// breaks no invariant, and gives the same digest twice.
+func TestBatchesUnderFaults(t *testing.T) {
+	cfg := Config{Scenario: "random", Seed: 5, Duration: 3 * time.Minute, Leadership: LeadershipNode, Pairs: 200,
+		StoreWriteTime: time.Millisecond, HostWriteBound: HostWriteBoundRuntime, HostBatch: HostBatchRuntime}
+	r, err := Run(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"host-batch-sent", "host-batch-split-on-conflict"} {
+		if countOf(r, name) == 0 {
+			t.Errorf("%s = 0: the run no longer exercises it", name)
+		}
+	}
+	for _, v := range r.Violations {
+		t.Errorf("%+v", v)
+	}
+	if d := digestOf(t, cfg); d != r.Digest {
+		t.Errorf("digest %s, then %s", r.Digest, d)
+	}
+}
+
+// A batch needs the node's bound (writes batch while they wait at it) and
+// holds at most events.MaxKVBatch writes.
+func TestHostBatchConfig(t *testing.T) {
+	for _, cfg := range []Config{
+		{Scenario: "power-cut", HostBatch: HostBatchRuntime},
+		{Scenario: "power-cut", HostWriteBound: HostWriteBoundRuntime, HostBatch: HostBatchRuntime + 1},
+		{Scenario: "power-cut", HostWriteBound: HostWriteBoundRuntime, HostBatch: -1},
+	} {
+		if _, err := Run(cfg); err == nil {
+			t.Errorf("bound %d, batch %d: accepted", cfg.HostWriteBound, cfg.HostBatch)
+		}
+	}
+}
