@@ -43,6 +43,10 @@ type simulateJSON struct {
 	Failovers        int     `json:"failovers"`
 	MaxUnavailableMS float64 `json:"max_unavailable_ms"`
 	Reproduce        string  `json:"reproduce"`
+	Sometimes        []struct {
+		Name  string `json:"name"`
+		Count int    `json:"count"`
+	} `json:"sometimes"`
 }
 
 func simulateRun(t *testing.T, args ...string) (int, simulateJSON, string) {
@@ -74,6 +78,29 @@ func TestSimulateScenarioJSON(t *testing.T) {
 	_, other, _ := simulateRun(t, "--scenario", "power-cut", "--seed", "4", "--json")
 	if other.Digest == r.Digest {
 		t.Errorf("seeds 3 and 4 gave the same digest")
+	}
+}
+
+// --host-batch reaches the run and its reproduce command.
+func TestSimulateHostBatch(t *testing.T) {
+	args := []string{"--scenario", "power-cut", "--seed", "1", "--duration", "30s", "--leadership", "node", "--pairs", "100",
+		"--store-write-time", "1ms", "--host-write-bound", "64", "--host-batch", "256", "--json"}
+	code, r, errOut := simulateRun(t, args...)
+	if code != exitOK {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	want := "understudy simulate --scenario power-cut --seed 1 --duration 30s --leadership node --pairs 100 --store-write-time 1ms --host-write-bound 64 --host-batch 256"
+	if r.Reproduce != want {
+		t.Errorf("reproduce %q, want %q", r.Reproduce, want)
+	}
+	sent := 0
+	for _, c := range r.Sometimes {
+		if c.Name == "host-batch-sent" {
+			sent = c.Count
+		}
+	}
+	if sent == 0 {
+		t.Errorf("no batch sent: %+v", r.Sometimes)
 	}
 }
 
@@ -248,6 +275,8 @@ func TestSimulateUsageErrors(t *testing.T) {
 		{[]string{"simulate", "--scenario", "random", "--fsync", "sometimes"}, "--fsync"},
 		{[]string{"simulate", "--list", "--scenario", "random"}, "--list takes no --scenario"},
 		{[]string{"simulate", "--scenario", "random", "--pair-config", "/nonexistent/pair.yaml"}, "pair file"},
+		{[]string{"simulate", "--scenario", "random", "--host-batch", "256"}, "--host-batch needs --host-write-bound"},
+		{[]string{"simulate", "--scenario", "random", "--host-write-bound", "64", "--host-batch", "257"}, "--host-batch = 257"},
 	} {
 		code, _, errOut := runCLI(t, tc.args...)
 		if code != exitUsage || !strings.Contains(errOut, tc.want) {
