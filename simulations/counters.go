@@ -76,6 +76,8 @@ const (
 	// Batches of member KV writes (batch.go).
 	cBatchSent  // a node sent waiting member writes as one atomic batch
 	cBatchSplit // a batch was refused on a conflict and split in two
+	// Raises of a node's epoch made once (raise.go).
+	cRaiseJoined // a member's raise joined an identical raise of its node's, in flight or just answered
 	numCounters
 )
 
@@ -144,6 +146,7 @@ var counterNames = [numCounters]string{
 	cConflictForeign:         "event-append-conflict-foreign-skipped",
 	cBatchSent:               "host-batch-sent",
 	cBatchSplit:              "host-batch-split-on-conflict",
+	cRaiseJoined:             "epoch-raise-joined",
 }
 
 func (c counterID) String() string { return counterNames[c] }

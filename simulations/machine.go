@@ -48,6 +48,9 @@ type machine struct {
 
 	// HostWriteBound: its members' KV writes and appends in flight.
 	gates [2]gate
+	// HostRaiseOnce: the raises of other nodes' epochs it has in flight
+	// or just answered.
+	raises map[raiseKey]*raiseFlight
 }
 
 // nodeName is the name of the node at site: node-a for site-a.
@@ -217,6 +220,7 @@ func (w *world) crash(m *machine, power bool) {
 	}
 	m.running = false
 	w.resetGates(m)
+	m.raises = nil
 	w.processGone(m)
 }
 
@@ -356,6 +360,10 @@ func (w *world) atNode(m *machine, it item) {
 		w.answeredSlot(m, it.ref)
 	}
 	mg := &w.msgs[it.ref]
+	if m.raises != nil && !m.paused && mg.kind == mWriteResult && mg.write.Kind == failover.WriteBump && mg.inc == m.inc && m.running {
+		w.raiseAnswered(m, mg)
+		mg = &w.msgs[it.ref]
+	}
 	var s *sim
 	var n *node
 	if mg.pair >= 0 {

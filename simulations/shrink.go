@@ -150,6 +150,9 @@ func Command(cfg Config, pairConfig string) string {
 		b.WriteString(" --host-batch ")
 		b.WriteString(strconv.Itoa(cfg.HostBatch))
 	}
+	if cfg.HostRaiseOnce {
+		b.WriteString(" --host-raise-once")
+	}
 	if cfg.FaultsSet {
 		b.WriteString(" --faults ")
 		b.WriteString(shellQuote(FormatFaults(cfg.Faults)))

@@ -72,6 +72,11 @@ type Config struct {
 	// in one service time (0: one write per request, as before;
 	// the runtime's host: HostBatchRuntime; needs HostWriteBound; batch.go).
 	HostBatch int
+	// HostRaiseOnce (node leadership): a node's members' raises of another
+	// node's epoch go outside its bound, identical ones as one write, as
+	// the runtime's host performs them (raise.go); false: each member's
+	// raise is a member write like any other.
+	HostRaiseOnce bool
 }
 
 // DefaultPair is the pair the simulator runs when Config.Rules is zero.
@@ -536,6 +541,9 @@ func (s *sim) sendWrite(n *node, w *failover.Write) {
 		s.regTail++
 	}
 	remember(n.pending[:], &n.pendingNext, w)
+	if s.raiseOnce(n, w) {
+		return
+	}
 	ref := s.alloc(msg{kind: mWrite, inc: n.inc, write: *w, sent: s.now, effect: n.available(), pair: s.pi})
 	s.issue(n.machine, gateWrites, ref, n.clk.virtual(w.Deadline))
 }

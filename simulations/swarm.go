@@ -30,8 +30,10 @@ type SwarmConfig struct {
 	// nodes' bound on writes in flight (see Config).
 	StoreWriteTime time.Duration
 	HostWriteBound int
-	// HostBatch: the nodes' batches of waiting member writes (see Config).
-	HostBatch int
+	// HostBatch and HostRaiseOnce: the nodes' batches of waiting member
+	// writes, and their raises made once (see Config).
+	HostBatch     int
+	HostRaiseOnce bool
 	// Workers is how many simulations run at once; default GOMAXPROCS.
 	Workers int
 	// ShrinkBudget bounds the runs spent minimising each failing seed's
@@ -83,7 +85,7 @@ func (c SwarmConfig) SeedConfig(seed uint64) Config {
 		sc = "random"
 	}
 	return Config{Scenario: sc, Seed: seed, Duration: d, Rules: c.Rules, AllowUnsafe: c.AllowUnsafe, Fsync: c.Fsync, Leadership: c.Leadership, Pairs: c.Pairs,
-		StoreWriteTime: c.StoreWriteTime, HostWriteBound: c.HostWriteBound, HostBatch: c.HostBatch}
+		StoreWriteTime: c.StoreWriteTime, HostWriteBound: c.HostWriteBound, HostBatch: c.HostBatch, HostRaiseOnce: c.HostRaiseOnce}
 }
 
 // Swarm runs c.Seeds independent simulations on c.Workers goroutines (each
