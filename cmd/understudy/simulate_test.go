@@ -81,15 +81,15 @@ func TestSimulateScenarioJSON(t *testing.T) {
 	}
 }
 
-// --host-batch reaches the run and its reproduce command.
+// --host-batch and --host-raise-once reach the run and its reproduce command.
 func TestSimulateHostBatch(t *testing.T) {
 	args := []string{"--scenario", "power-cut", "--seed", "1", "--duration", "30s", "--leadership", "node", "--pairs", "100",
-		"--store-write-time", "1ms", "--host-write-bound", "64", "--host-batch", "256", "--json"}
+		"--store-write-time", "1ms", "--host-write-bound", "64", "--host-batch", "256", "--host-raise-once", "--json"}
 	code, r, errOut := simulateRun(t, args...)
 	if code != exitOK {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
 	}
-	want := "understudy simulate --scenario power-cut --seed 1 --duration 30s --leadership node --pairs 100 --store-write-time 1ms --host-write-bound 64 --host-batch 256"
+	want := "understudy simulate --scenario power-cut --seed 1 --duration 30s --leadership node --pairs 100 --store-write-time 1ms --host-write-bound 64 --host-batch 256 --host-raise-once"
 	if r.Reproduce != want {
 		t.Errorf("reproduce %q, want %q", r.Reproduce, want)
 	}
