@@ -137,6 +137,10 @@ type Result struct {
 	// value changes; hundreds a second mean holders rewriting values whose
 	// writes did not count, a storm that did not decay (finding N8).
 	RegisterWritesTail int `json:"register_writes_tail,omitempty"`
+	// RegisterWrites (node leadership): every register write (a holder
+	// publishing its value, an acquire, a release) members asked for in
+	// the run, issued or not.
+	RegisterWrites int `json:"register_writes,omitempty"`
 }
 
 // Outage is a stretch with no database available: from a stop's start (a
@@ -539,6 +543,9 @@ func (s *sim) sendWrite(n *node, w *failover.Write) {
 	s.inv.writeIssued(s, n)
 	if s.nodeMode && w.Kind == failover.WriteBeat && s.now >= s.end-tailWindow {
 		s.regTail++
+	}
+	if s.nodeMode && (w.Kind == failover.WriteBeat || w.Kind == failover.WriteAcquire || w.Kind == failover.WriteRelease) {
+		s.regWrites++
 	}
 	remember(n.pending[:], &n.pendingNext, w)
 	if s.raiseOnce(n, w) {

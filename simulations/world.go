@@ -74,6 +74,7 @@ type world struct {
 	batchKeys map[string]struct{}
 	batchFan  []fanned // the watch deliveries of a batch's writes, sent beside its answer
 	regTail   int      // node leadership: register writes asked for in the run's last tailWindow
+	regWrites int      // node leadership: register writes asked for
 }
 
 // multi: the run has several pairs (names in traces and violations).
@@ -444,7 +445,7 @@ func (w *world) result(wall time.Duration) *Result {
 		Fsync:     w.cfg.Fsync.String(), Faults: FormatFaults(w.faults),
 	}
 	if w.nodeMode {
-		r.RegisterWritesTail = w.regTail
+		r.RegisterWritesTail, r.RegisterWrites = w.regTail, w.regWrites
 	}
 	if w.nodeMode || w.multi() {
 		r.Leadership = w.cfg.Leadership.String()
