@@ -434,7 +434,17 @@ func steady(ctx context.Context, o options, c *cluster, nc *nats.Conn, js jetstr
 		ma, errA := scrapeMembers(ctx, c.a.httpAddr.Load().(string))
 		mb, errB := scrapeMembers(ctx, c.b.httpAddr.Load().(string))
 		if err := errors.Join(errA, errB); err != nil {
-			return fmt.Errorf("scrape /metrics: %w", err)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			r.ScrapeErrors++
+			fmt.Fprintln(os.Stderr, "\nbench-pairs: a scrape of /metrics failed (counted in scrape_errors):", err)
+			if errA != nil {
+				ma = lastA
+			}
+			if errB != nil {
+				mb = lastB
+			}
 		}
 		dual := 0
 		for p := range ma.serving {

@@ -79,6 +79,10 @@ type result struct {
 	// SnapshotErrors: snapshots of the registers the store did not answer
 	// within 15 s (skipped; an overloaded store is a result).
 	SnapshotErrors int `json:"snapshot_errors"`
+	// ScrapeErrors: scrapes of a member node's /metrics that did not
+	// answer within 20 s (that sample keeps the previous scrape's figures;
+	// a node too busy to answer is a result).
+	ScrapeErrors int `json:"scrape_errors"`
 
 	// The kill of site-a (times in ms from the SIGKILL; -1: none).
 	Killed      bool    `json:"killed"`
@@ -175,6 +179,9 @@ func (r *result) line() string {
 	}
 	if r.SnapshotErrors > 0 {
 		kv("snapshot_errors", r.SnapshotErrors)
+	}
+	if r.ScrapeErrors > 0 {
+		kv("scrape_errors", r.ScrapeErrors)
 	}
 	kv("others_cpu", pct(r.OthersCPU))
 	kv("load", r.LoadStart+"->"+r.LoadEnd)
