@@ -14,6 +14,13 @@ var nodeRegressions = []struct {
 	duration time.Duration
 	pairs    int
 	faults   string
+	// The store's service time and the node's write bound (Config), for
+	// findings that need them.
+	storeWriteTime time.Duration
+	hostWriteBound int
+	// open: an invariant an open finding still violates on this seed
+	// (docs/simulation.md, N10); every other must hold.
+	open string
 }{
 	// N3: a suspended holder whose fenced register value landed but whose
 	// answer was lost judged the register by its last acknowledged value
@@ -33,12 +40,25 @@ var nodeRegressions = []struct {
 	// 167.364s and 177.337s (pg-main, pg-main-5, pg-main-2).
 	{name: "n7-unrecognised-retries", scenario: "random", seed: 1, duration: 4 * time.Minute, pairs: 5,
 		faults: "partition(site-a,down)@30s+2m10s;loss(site-a,20%)@2m30s+1m"},
+	// N9: a suspended holder's unfencing announcement was acknowledged
+	// after one more failed liveness write, so it stayed suspended and
+	// wrote fenced again; those values landed, their answers lost or late.
+	// On its node's next successes it unfenced by the announcement
+	// acknowledged before them, while the register said fenced and the
+	// follower took it over: split brain (pg-main-121 at 68.678s,
+	// pg-main-167 at 68.689s, pg-main-110, pg-main-188). A fenced write
+	// issued since ends what the announcement's acknowledgement proved.
+	// The pairs whose standby took over late are N10, open.
+	{name: "n9-fenced-write-after-announcement", scenario: "random", seed: 8, duration: 75 * time.Second, pairs: 200,
+		faults: "loss(site-a,20%)@48.35s+21s", storeWriteTime: time.Millisecond, hostWriteBound: HostWriteBoundRuntime,
+		open: InvUnavailableStandby},
 }
 
 func TestNodeModeRegressionSeeds(t *testing.T) {
 	for _, r := range nodeRegressions {
 		t.Run(r.name, func(t *testing.T) {
-			cfg := Config{Scenario: r.scenario, Seed: r.seed, Duration: r.duration, Leadership: LeadershipNode, Pairs: r.pairs}
+			cfg := Config{Scenario: r.scenario, Seed: r.seed, Duration: r.duration, Leadership: LeadershipNode, Pairs: r.pairs,
+				StoreWriteTime: r.storeWriteTime, HostWriteBound: r.hostWriteBound}
 			if r.faults != "" {
 				fs, err := ParseFaults(r.faults, "site-a", "site-b")
 				if err != nil {
@@ -51,6 +71,10 @@ func TestNodeModeRegressionSeeds(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, v := range res.Violations {
+				if r.open != "" && v.Invariant == r.open {
+					t.Logf("%s: open finding: %s at %.3fs: %s", r.name, v.Invariant, v.At, v.Detail)
+					continue
+				}
 				t.Errorf("%s: %+v", r.name, v)
 			}
 		})

@@ -252,7 +252,8 @@ type Member struct {
 	unfencedAt time.Time
 	// unfenceAcked (node mode): since this holder was last fenced, an
 	// unfenced register value of its own was acknowledged (its
-	// announcement): only then may its node's beats unfence it.
+	// announcement), and it has issued no fenced value since: only then
+	// may its node's beats unfence it.
 	unfenceAcked bool
 	probedFor    uint64 // leader revision a staleness probe was written for
 	// acquireAt: no acquire before this local time. An acquire that NATS
@@ -705,6 +706,13 @@ func (m *Member) writeRegister() {
 	} else {
 		w = Write{Kind: WriteBeat, Key: LeaderKey(m.rules.Pair), Leader: m.registerValue(), ExpectRev: m.lastRev}
 		m.beat++
+		if w.Leader.Fenced {
+			// A fenced value on its way may land on top of an unfencing
+			// announcement acknowledged before it, its answer lost, and
+			// stand in the register (finding N9): that acknowledgement no
+			// longer lets its node's beats unfence this holder.
+			m.unfenceAcked = false
+		}
 	}
 	w.Op, w.Value, w.Deadline = m.nextOp(), EncodeLeader(w.Leader), m.now+m.rules.HeartbeatTimeout
 	m.inflight = &pendingWrite{op: w.Op, kind: w.Kind, deadline: w.Deadline, leader: w.Leader, expect: w.ExpectRev}

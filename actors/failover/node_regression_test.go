@@ -83,3 +83,108 @@ func TestNodeLivenessRestartMeetsRaise(t *testing.T) {
 		t.Fatalf("epoch %d after the raise; want 2", n.Epoch())
 	}
 }
+
+// N9 (docs/simulation.md): a suspended holder's unfencing announcement was
+// acknowledged while its node's writes were failing again, so it did not
+// unfence then and went back to writing fenced values; those landed with
+// their answers lost. On its node's next liveness successes it unfenced,
+// judging by the announcement acknowledged before them, while the register
+// said fenced — and the follower had taken it over, by the "holder stays
+// fenced for failover_timeout" rule: split brain. Found by the simulator
+// with 200 pairs a node, a store of 1,000 writes a second and 20% loss on
+// the primary's link. A fenced write issued after the announcement ends
+// what its acknowledgement proved: the holder unfences only on a newer
+// unfenced value acknowledged.
+func TestNodeModeFencedWriteAfterAnnouncementKeepsHolderFenced(t *testing.T) {
+	d, now := bootstrapLeader(t)
+	m, r := d.m, d.m.Rules()
+	hb := r.HeartbeatTimeout
+	rev := uint64(10)
+	step := func(in Input) { d.feed(now, m.Step(now, in)) }
+	until := func(to time.Duration) {
+		for now < to {
+			now += 10 * time.Millisecond
+			step(Tick{})
+		}
+	}
+	live := func(ok bool) {
+		if ok {
+			rev++
+			step(LivenessResult{Err: WriteOK, Epoch: 1, Revision: rev})
+			return
+		}
+		step(LivenessResult{Err: WriteUnavailable, Epoch: 1, Cause: "timeout: no answer within heartbeat_timeout"})
+	}
+	// registerWrite ticks until the holder issues a register write saying
+	// fenced as asked, after the first `after` writes; no answer is given
+	// to the writes it passes.
+	registerWrite := func(after int, fenced bool) (Write, int) {
+		t.Helper()
+		for end := now + 3*hb; now < end; {
+			for i := after; i < len(d.writes); i++ {
+				if w := d.writes[i]; w.Kind == WriteBeat && w.Leader.Fenced == fenced {
+					return w, i
+				}
+			}
+			now += 10 * time.Millisecond
+			step(Tick{})
+		}
+		t.Fatalf("no register write with fenced=%v in 3 heartbeats; writes %+v", fenced, d.writes[after:])
+		return Write{}, 0
+	}
+	unfenced := func() bool {
+		for _, ev := range d.events {
+			if _, ok := ev.(*Unfenced); ok {
+				return true
+			}
+		}
+		return false
+	}
+
+	// Its node's writes fail: the holder fences and suspends.
+	for range r.FailureThreshold {
+		until(now + hb)
+		live(false)
+	}
+	if m.Phase() != PhaseSuspended {
+		t.Fatalf("phase %v after %d failed liveness writes; want suspended", m.Phase(), r.FailureThreshold)
+	}
+	// They land again: the holder announces its unfencing. Before the
+	// announcement's answer, one more fails: the announcement is
+	// acknowledged, but the holder has no success_threshold successes.
+	for range r.SuccessThreshold {
+		until(now + hb)
+		live(true)
+	}
+	announce, i := registerWrite(0, false)
+	now += 100 * time.Millisecond
+	live(false)
+	step(WriteResult{Op: announce.Op, Err: WriteOK, Revision: 100})
+	if unfenced() {
+		t.Fatalf("unfenced on an announcement acknowledged after a failed liveness write")
+	}
+	// So it writes fenced again; that value lands (rev 101), its answer
+	// is lost: the register says fenced, the follower's clock runs.
+	fenced, j := registerWrite(i+1, true)
+	step(LeaderObserved{Entry: LeaderEntry{Rev: 101, Time: time.Unix(1_700_000_000, 0).Add(now), Value: fenced.Leader}})
+	// Its node's writes land again, more than success_threshold of them;
+	// no register write is answered.
+	for range r.SuccessThreshold + 2 {
+		until(now + hb)
+		live(true)
+		if unfenced() {
+			t.Fatalf("unfenced on its node's liveness successes while its latest landed register value (a fenced one issued after the acknowledged announcement) says fenced")
+		}
+	}
+	// It has announced its unfencing again; it unfences once that
+	// announcement (the write in flight) is acknowledged.
+	registerWrite(j+1, false)
+	again := d.writes[len(d.writes)-1]
+	if again.Kind != WriteBeat || again.Leader.Fenced {
+		t.Fatalf("the write in flight is %+v; want an unfencing announcement", again)
+	}
+	step(WriteResult{Op: again.Op, Err: WriteOK, Revision: 102})
+	if !unfenced() {
+		t.Fatalf("no unfencing after the new announcement was acknowledged; phase %v", m.Phase())
+	}
+}
