@@ -104,14 +104,18 @@ const (
 // JetStream error codes of atomic batches that mean nothing was written
 // and the writes may go one at a time: publish disabled on the stream
 // (10174), an incomplete batch (10176: a message of it was not received),
-// too many batches in flight (10210).
+// a batch larger than the server's max_batch_size (10199), too many
+// batches in flight (10210).
 const (
 	jsAtomicDisabled   = 10174
 	jsAtomicIncomplete = 10176
+	jsAtomicTooLarge   = 10199
 	jsAtomicInflight   = 10210
 )
 
-// WriteBatch implements KVBatcher with one JetStream atomic batch: every
+// WriteBatch implements KVBatcher with one JetStream atomic batch (on the
+// bucket's own subjects: a KV opened through a JetStream domain or API
+// prefix is not batched by understudy, which uses neither): every
 // write is a message on the key's subject with the batch's id and its
 // place in it (and the expected last revision of its key unless Put); the
 // last commits the batch, and its acknowledgement names the last
@@ -145,13 +149,18 @@ func (k *JetStreamKV) WriteBatch(ctx context.Context, writes []KVWrite) ([]uint6
 		if i < len(writes)-1 {
 			// No reply: a message the server refuses fails the commit.
 			if err := k.nc.PublishMsg(m); err != nil {
-				return nil, fmt.Errorf("events: batch in bucket %q: %w (nothing committed)", k.bucket, err)
+				return nil, fmt.Errorf("events: batch in bucket %q: %w: %w (nothing committed)", k.bucket, ErrBatchUnsupported, err)
 			}
 			continue
 		}
 		m.Header.Set(batchCommitHeader, "1")
 		var err error
 		if resp, err = k.nc.RequestMsgWithContext(ctx, m); err != nil {
+			if errors.Is(err, nats.ErrNoResponders) {
+				// No server took the commit (a stream leader being
+				// elected): nothing was written.
+				err = fmt.Errorf("%w: %w", ErrBatchUnsupported, err)
+			}
 			return nil, fmt.Errorf("events: batch of %d in bucket %q: %w", len(writes), k.bucket, err)
 		}
 	}
@@ -166,7 +175,7 @@ func (k *JetStreamKV) WriteBatch(ctx context.Context, writes []KVWrite) ([]uint6
 	}
 	if ack.Error != nil {
 		switch ack.Error.ErrorCode {
-		case jsAtomicDisabled, jsAtomicIncomplete, jsAtomicInflight:
+		case jsAtomicDisabled, jsAtomicIncomplete, jsAtomicTooLarge, jsAtomicInflight:
 			return nil, fmt.Errorf("events: batch of %d in bucket %q: %w: %w", len(writes), k.bucket, ErrBatchUnsupported, ack.Error)
 		}
 		return nil, fmt.Errorf("events: batch of %d in bucket %q: %w", len(writes), k.bucket, mapJetStreamError(ack.Error))

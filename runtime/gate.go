@@ -169,25 +169,26 @@ func (g *storeGate) run(j *gateJob) {
 		g.single(j.w)
 		return
 	}
+	select {
+	case g.batches <- struct{}{}:
+	default:
+		// Every batch slot is taken: j goes alone now rather than wait
+		// (a worker waiting for a slot would hold the oldest write while
+		// the batches took the younger ones).
+		g.single(j.w)
+		return
+	}
 	for _, o := range g.batch(b, j) {
 		g.run(o) // after the batch's slot is given back: run may take one
 	}
 }
 
 // batch sends j with the writes waiting behind it (up to
-// events.MaxKVBatch, distinct keys) as one batch, within a batch slot,
-// and returns the jobs it took from the queue but could not put in.
+// events.MaxKVBatch, distinct keys) as one batch, within the batch slot
+// its caller took, and returns the jobs it took from the queue but could
+// not put in.
 func (g *storeGate) batch(b events.KVBatcher, j *gateJob) (after []*gateJob) {
-	select {
-	case g.batches <- struct{}{}:
-	case <-g.done:
-		g.kv.Add(-1) // never issued: the member counts it failed
-		return nil
-	}
-	defer func() { <-g.batches }()
-	if g.late(j) {
-		return nil
-	}
+	release := func() { <-g.batches }
 	batch := []*kvWrite{j.w}
 	keys := map[string]bool{j.w.w.Key: true}
 gather:
@@ -205,6 +206,12 @@ gather:
 			break gather
 		}
 	}
+	if len(batch) == 1 {
+		release() // alone after all: no slot held while it goes
+		g.single(j.w)
+		return after
+	}
+	defer release()
 	g.writeBatch(b, batch)
 	return after
 }
@@ -238,9 +245,28 @@ func performWrite(w *kvWrite) {
 }
 
 // writeBatch sends batch as one atomic batch and answers every write of
-// it: a conflict splits it in two, a refusal sends each alone.
+// it: a conflict (or, on a replicated stream, a key with a write still
+// being proposed) splits it in two, a refusal sends each alone, any
+// other error is every write's answer. Writes whose turn to be issued
+// has passed (half their window) are dropped first, as at their first
+// turn; the batch must be answered by its earliest deadline, as each
+// write alone would be.
 func (g *storeGate) writeBatch(b events.KVBatcher, batch []*kvWrite) {
-	if len(batch) == 1 {
+	now := time.Now()
+	kept := batch[:0:0]
+	for _, w := range batch {
+		if now.After(w.issueBy) {
+			g.dropped.Add(1)
+			g.kv.Add(-1)
+			continue
+		}
+		kept = append(kept, w)
+	}
+	batch = kept
+	switch len(batch) {
+	case 0:
+		return
+	case 1:
 		g.single(batch[0])
 		return
 	}
@@ -248,21 +274,18 @@ func (g *storeGate) writeBatch(b events.KVBatcher, batch []*kvWrite) {
 	writes := make([]events.KVWrite, len(batch))
 	for i, w := range batch {
 		writes[i] = w.w
-		if w.deadline.After(deadline) {
+		if w.deadline.Before(deadline) {
 			deadline = w.deadline
 		}
-	}
-	if !time.Now().Before(deadline) {
-		g.kv.Add(-int64(len(batch)))
-		return // every member has counted its write failed
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	began := time.Now()
 	revs, err := b.WriteBatch(ctx, writes)
 	took := time.Since(began)
-	if !errors.Is(err, events.ErrConflict) {
-		defer g.kv.Add(-int64(len(batch))) // a conflict's halves count for themselves
+	split := errors.Is(err, events.ErrConflict) || errors.Is(err, events.ErrInFlight)
+	if !split {
+		defer g.kv.Add(-int64(len(batch))) // the halves count for themselves
 	}
 	switch {
 	case err == nil:
@@ -270,20 +293,31 @@ func (g *storeGate) writeBatch(b events.KVBatcher, batch []*kvWrite) {
 		for i, w := range batch {
 			w.done(revs[i], nil, took)
 		}
-	case errors.Is(err, events.ErrConflict):
-		// Which write lost is not said: halves until the single writes
-		// that lost answer for themselves.
+	case split:
+		// Nothing was written, and which write was refused is not said:
+		// halves until the single writes refused answer for themselves.
 		g.splits.Add(1)
 		half := len(batch) / 2
 		g.writeBatch(b, batch[:half])
 		g.writeBatch(b, batch[half:])
 	case errors.Is(err, events.ErrBatchUnsupported):
+		// Nothing was written: each alone, a few at a time, and no batch
+		// for batchRetry.
 		if g.batchOff.Swap(time.Now().Add(batchRetry).UnixNano()) == 0 && g.onRefused != nil {
 			g.onRefused(err)
 		}
-		var wg sync.WaitGroup
+		next := make(chan *kvWrite, len(batch))
 		for _, w := range batch {
-			wg.Go(func() { performWrite(w) })
+			next <- w
+		}
+		close(next)
+		var wg sync.WaitGroup
+		for range min(len(batch), refusedWriters) {
+			wg.Go(func() {
+				for w := range next {
+					performWrite(w)
+				}
+			})
 		}
 		wg.Wait()
 	default:
@@ -292,6 +326,9 @@ func (g *storeGate) writeBatch(b events.KVBatcher, batch []*kvWrite) {
 		}
 	}
 }
+
+// refusedWriters bounds the single writes of a refused batch in flight.
+const refusedWriters = 16
 
 // stop ends the workers once the host's members have stopped; a write
 // still waiting is never issued (its member counts it failed, as any

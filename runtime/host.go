@@ -328,7 +328,7 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 	}
 	gate := newStoreGate()
 	gate.onRefused = func(err error) {
-		logger.Warn("the store refuses batched writes: members' writes go one at a time (provision the bucket again to allow atomic batches)",
+		logger.Warn("the store did not take a batch of writes: members' writes go one at a time for a while (if the bucket lacks allow_atomic, provisioning sets it)",
 			"err", err, "retry_after", batchRetry)
 	}
 	h := &Host{Log: boundedLog{Log: evlog, gate: gate}, gate: gate, KV: kv, logger: logger, metrics: opts.Metrics,

@@ -257,10 +257,11 @@ func provisionOne(ctx context.Context, js jetstream.JetStream, a Asset, mayUpdat
 		return AssetReport{}, fmt.Errorf("%w: %w", ErrInvalidAsset, err)
 	}
 	r := AssetReport{Kind: a.Kind, Name: a.Name}
-	want := a.streamConfig()
+	atomic := atomicBatches(js)
+	want := a.streamConfig(atomic)
 	info, err := streamInfo(ctx, js, want.Name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		err = a.create(ctx, js)
+		err = a.create(ctx, js, atomic)
 		if err == nil {
 			r.Outcome = Created
 			return r, nil
@@ -338,9 +339,33 @@ func (a Asset) check() error {
 	return nil
 }
 
+// atomicBatches reports whether js's server takes atomic batches (NATS
+// 2.12 and later): an older one does not know allow_atomic, and would
+// show it as a change at every start.
+func atomicBatches(js jetstream.JetStream) bool {
+	return versionAtLeast(js.Conn().ConnectedServerVersion(), 2, 12)
+}
+
+// versionAtLeast reports whether the server version v ("2.12.1", maybe
+// with a "-beta" suffix) is at least major.minor.
+func versionAtLeast(v string, major, minor int) bool {
+	parts := strings.SplitN(v, ".", 3)
+	if len(parts) < 2 {
+		return false
+	}
+	ma, err1 := strconv.Atoi(parts[0])
+	mi, err2 := strconv.Atoi(strings.SplitN(parts[1], "-", 2)[0])
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	return ma > major || (ma == major && mi >= minor)
+}
+
 // streamConfig is the stream the asset wants. For a KVBucket it is the one
-// nats.go's CreateKeyValue makes, so that comparisons see no false changes.
-func (a Asset) streamConfig() jetstream.StreamConfig {
+// nats.go's CreateKeyValue makes, so that comparisons see no false changes,
+// but for rollups (denied) and, when the server has them (atomic), atomic
+// batches (allowed).
+func (a Asset) streamConfig(atomic bool) jetstream.StreamConfig {
 	maxBytes := a.MaxBytes
 	if maxBytes == 0 {
 		maxBytes = -1
@@ -366,7 +391,7 @@ func (a Asset) streamConfig() jetstream.StreamConfig {
 			AllowDirect:       true,
 			// A node's register writes go in atomic batches when many wait
 			// (a takeover of thousands of pairs): one disk sync per batch.
-			AllowAtomicPublish: true,
+			AllowAtomicPublish: atomic,
 			Duplicates:         dup,
 			Discard:            jetstream.DiscardNew,
 			Retention:          jetstream.LimitsPolicy,
@@ -401,13 +426,13 @@ const createdByKey = "understudy.created_by"
 
 // create creates the asset, or fails with jetstream.ErrStreamNameAlreadyInUse
 // (possibly joined with other errors) when it exists.
-func (a Asset) create(ctx context.Context, js jetstream.JetStream) error {
+func (a Asset) create(ctx context.Context, js jetstream.JetStream, atomic bool) error {
 	host, _ := os.Hostname()
 	meta := map[string]string{createdByKey: fmt.Sprintf("%s/%016x", host, rand.Uint64())}
 	// A KV bucket is created as its stream (the shape CreateKeyValue
 	// makes, which nats.go's KeyValue binds to), because CreateKeyValue
 	// always allows rollups.
-	cfg := a.streamConfig()
+	cfg := a.streamConfig(atomic)
 	cfg.Metadata = meta
 	_, err := js.CreateStream(ctx, cfg)
 	return err
