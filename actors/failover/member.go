@@ -255,7 +255,11 @@ type Member struct {
 	// announcement), and it has issued no fenced value since: only then
 	// may its node's beats unfence it.
 	unfenceAcked bool
-	probedFor    uint64 // leader revision a staleness probe was written for
+	// fencedBeat (node mode): the beat of this holder's latest register
+	// value issued fenced, or of the latest issued before its fence: an
+	// unfenced value of its own above it is an announcement made since.
+	fencedBeat uint64
+	probedFor  uint64 // leader revision a staleness probe was written for
 	// acquireAt: no acquire before this local time. An acquire that NATS
 	// refused without showing a newer register, or that failed, waits a
 	// heartbeat_timeout: retrying at once could only loop.
@@ -631,7 +635,7 @@ func (m *Member) nextOp() uint64 { m.opSeq++; return m.opSeq }
 
 func (m *Member) fence(reason FenceReason, then AfterFence) {
 	m.syncFrom = 0
-	m.unfenceAcked = false
+	m.unfenceAcked, m.fencedBeat = false, m.beat
 	m.procSeq++
 	m.fenceFailed = false
 	m.emit(&FenceRequested{Seq: m.procSeq, Reason: reason, Term: m.term, Then: then})
@@ -711,7 +715,7 @@ func (m *Member) writeRegister() {
 			// announcement acknowledged before it, its answer lost, and
 			// stand in the register (finding N9): that acknowledgement no
 			// longer lets its node's beats unfence this holder.
-			m.unfenceAcked = false
+			m.unfenceAcked, m.fencedBeat = false, w.Leader.Beat
 		}
 	}
 	w.Op, w.Value, w.Deadline = m.nextOp(), EncodeLeader(w.Leader), m.now+m.rules.HeartbeatTimeout
@@ -1054,6 +1058,9 @@ func (m *Member) onWriteResult(r WriteResult) {
 			// A write we gave up on landed after all: remember its revision so
 			// our next CAS does not mistake our own write for a rival's.
 			m.lastRev = r.Revision
+			if m.opts.Node != "" && m.announcementLanded(w.leader) {
+				m.noteWritten(w.leader, r.Revision)
+			}
 		case r.Err == WriteConflict && w.kind == WriteAcquire:
 			// Too late to matter, but the record should say NATS refused it.
 			ev := &PromotionRejected{Term: w.leader.Term, ExpectRev: w.expect}
@@ -1078,9 +1085,7 @@ func (m *Member) onLeaderWriteAnswered(w pendingWrite, r WriteResult) {
 		case WriteOK:
 			m.lastRev = max(m.lastRev, r.Revision)
 			m.noteWritten(w.leader, r.Revision)
-			if m.phase == PhaseSuspended && !w.leader.Fenced {
-				m.unfenceAcked = true
-			}
+			m.announcementLanded(w.leader)
 			if m.opts.Node == "" || (m.phase == PhaseSuspended && !w.leader.Fenced && m.successes >= m.rules.SuccessThreshold) {
 				// Node mode: only the node's liveness writes are heartbeats,
 				// but for the announcement of an unfencing, which lands by CAS
@@ -1284,6 +1289,22 @@ func (m *Member) onBeatSuccess(fencedWrite bool) {
 		m.out.Procedures = append(m.out.Procedures, m.procedure(ProcPromote, m.procSeq, "unfenced"))
 		m.rejoinTo, m.rejoinFor = "", ""
 	}
+}
+
+// announcementLanded records that l, an unfencing announcement of this
+// suspended holder, landed — answered in time or late, or seen on the
+// watch first — when it was issued since the holder's fence and its latest
+// fenced value (see fencedBeat): the register says it is unfenced, and
+// its node's beats may unfence it. Learning it only from an answer in
+// time left a holder whose answers came late suspended while the
+// follower, seeing the unfenced value stand with its node's beats, took
+// it for recovered (finding N10).
+func (m *Member) announcementLanded(l Leader) bool {
+	if m.phase != PhaseSuspended || !m.mine(l) || l.Fenced || l.Beat <= m.fencedBeat {
+		return false
+	}
+	m.unfenceAcked = true
+	return true
 }
 
 // lose handles a register written by someone else while we held it.
@@ -1529,6 +1550,9 @@ func (m *Member) onLeader(e LeaderEntry) {
 		case m.mine(t.Value):
 			m.lastRev = t.Rev // our own write, seen before its answer
 			m.adoptBeat(t.Value)
+			if m.opts.Node != "" && m.announcementLanded(t.Value) {
+				m.noteWritten(t.Value, t.Rev)
+			}
 		case m.phase == PhaseReleasing && t.Value.Site == "" && t.Value.Term == m.term && t.Value.Handoff == m.handoff && !t.Value.Fenced:
 			// Our release landed; its answer is still on the way.
 			m.inflight = nil

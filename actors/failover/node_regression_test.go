@@ -188,3 +188,60 @@ func TestNodeModeFencedWriteAfterAnnouncementKeepsHolderFenced(t *testing.T) {
 		t.Fatalf("no unfencing after the new announcement was acknowledged; phase %v", m.Phase())
 	}
 }
+
+// N10 (docs/simulation.md): a suspended holder's unfencing announcement
+// landed, but its answer came after its deadline (a lossy, loaded link);
+// the watch showed it. The follower, seeing the unfenced value stand while
+// the node beat, took the holder for recovered; the holder, waiting for an
+// answer in time, stayed suspended: nobody served. A holder now takes its
+// announcement's landing from the watch, or from a late answer, as it
+// takes an answer in time: its node's next beat unfences it.
+func TestNodeModeAnnouncementSeenOnWatchUnfences(t *testing.T) {
+	d, now := bootstrapLeader(t)
+	m, r := d.m, d.m.Rules()
+	hb := r.HeartbeatTimeout
+	step := func(in Input) { d.feed(now, m.Step(now, in)) }
+	until := func(to time.Duration) {
+		for now < to {
+			now += 10 * time.Millisecond
+			step(Tick{})
+		}
+	}
+	rev := uint64(10)
+	for range r.FailureThreshold {
+		until(now + hb)
+		step(LivenessResult{Err: WriteUnavailable, Epoch: 1, Cause: "timeout: no answer within heartbeat_timeout"})
+	}
+	if m.Phase() != PhaseSuspended {
+		t.Fatalf("phase %v after %d failed liveness writes; want suspended", m.Phase(), r.FailureThreshold)
+	}
+	for range r.SuccessThreshold {
+		until(now + hb)
+		rev++
+		step(LivenessResult{Err: WriteOK, Epoch: 1, Revision: rev})
+	}
+	var announce Write
+	for end := now + 3*hb; now < end && announce.Op == 0; {
+		for _, w := range d.writes {
+			if w.Kind == WriteBeat && !w.Leader.Fenced {
+				announce = w
+			}
+		}
+		now += 10 * time.Millisecond
+		step(Tick{})
+	}
+	if announce.Op == 0 {
+		t.Fatalf("no unfencing announcement; writes %+v", d.writes)
+	}
+	// It lands; its answer never comes in time. The watch shows it.
+	step(LeaderObserved{Entry: LeaderEntry{Rev: 100, Time: time.Unix(1_700_000_000, 0).Add(now), Value: announce.Leader}})
+	rev++
+	now += hb / 2
+	step(LivenessResult{Err: WriteOK, Epoch: 1, Revision: rev})
+	for _, ev := range d.events {
+		if _, ok := ev.(*Unfenced); ok {
+			return
+		}
+	}
+	t.Fatalf("a suspended holder whose announcement the watch showed landed did not unfence on its node's next beat; phase %v", m.Phase())
+}
