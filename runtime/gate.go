@@ -102,16 +102,11 @@ func newStoreGate() *storeGate {
 		narrow: make(chan struct{}, appendsBesideWrites), batches: make(chan struct{}, maxBatches)}
 }
 
-// submit runs a member's KV write on a worker, after those asked for
-// before it; it never blocks. A write whose turn comes after issueBy is
+// submitWrite queues a member's KV write, to run on a worker after those
+// asked for before it, alone or in a batch with others waiting at its
+// turn; it never blocks. A write whose turn comes after its issueBy is
 // dropped, never issued: the member counts it failed at its deadline, as
 // any write not answered (see memberActor.kvWrite).
-func (g *storeGate) submit(issueBy time.Time, write func()) {
-	g.enqueue(&gateJob{issueBy: issueBy, fn: write})
-}
-
-// submitWrite queues a member's KV write, which may go in a batch with
-// others waiting at its turn.
 func (g *storeGate) submitWrite(w *kvWrite) {
 	g.enqueue(&gateJob{issueBy: w.issueBy, w: w})
 }

@@ -171,6 +171,12 @@ func TestStoreGateDropsWritesTooLateToIssue(t *testing.T) {
 	}
 }
 
+// submit queues any function as a member write would be (issued by
+// issueBy or dropped): the tests hold the workers with it.
+func (g *storeGate) submit(issueBy time.Time, write func()) {
+	g.enqueue(&gateJob{issueBy: issueBy, fn: write})
+}
+
 // batchCountingKV counts a KV's batches and single writes; refuse makes every
 // batch answer ErrBatchUnsupported.
 type batchCountingKV struct {
