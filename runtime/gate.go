@@ -50,11 +50,12 @@ type storeGate struct {
 	narrow  chan struct{} // appends in flight while KV writes wait
 	pending atomic.Int64  // appends waiting or in flight
 
-	batches   chan struct{} // batches in flight (maxBatches)
-	batched   atomic.Int64  // member writes that went in a batch of two or more
-	splits    atomic.Int64  // batches split in two after a conflict
-	batchOff  atomic.Int64  // unix nanos before which no batch is tried (the bucket refused one)
-	onRefused func(error)   // told when the bucket refuses a batch (nil: nobody)
+	batches   chan struct{}  // batches in flight (maxBatches)
+	batched   atomic.Int64   // member writes that went in a batch of two or more
+	splits    atomic.Int64   // batches split in two after a conflict
+	batchOff  atomic.Int64   // unix nanos before which no batch is tried (the bucket refused one)
+	onRefused func(error)    // told when the bucket refuses a batch (nil: nobody)
+	metrics   *MemberMetrics // the node's (nil: none)
 }
 
 // gateJob is one member KV write waiting in the gate: a kvWrite, or (in
@@ -145,6 +146,7 @@ func (g *storeGate) late(j *gateJob) bool {
 	}
 	g.dropped.Add(1)
 	g.kv.Add(-1)
+	g.metrics.memberWrites("not_issued", 1)
 	return true
 }
 
@@ -214,6 +216,7 @@ gather:
 // single performs one member write on its own.
 func (g *storeGate) single(w *kvWrite) {
 	defer g.kv.Add(-1)
+	g.metrics.memberWrites("alone", 1)
 	performWrite(w)
 }
 
@@ -253,6 +256,7 @@ func (g *storeGate) writeBatch(b events.KVBatcher, batch []*kvWrite) {
 		if now.After(w.issueBy) {
 			g.dropped.Add(1)
 			g.kv.Add(-1)
+			g.metrics.memberWrites("not_issued", 1)
 			continue
 		}
 		kept = append(kept, w)
@@ -285,6 +289,8 @@ func (g *storeGate) writeBatch(b events.KVBatcher, batch []*kvWrite) {
 	switch {
 	case err == nil:
 		g.batched.Add(int64(len(batch)))
+		g.metrics.batch("landed")
+		g.metrics.memberWrites("batched", len(batch))
 		for i, w := range batch {
 			w.done(revs[i], nil, took)
 		}
@@ -292,12 +298,15 @@ func (g *storeGate) writeBatch(b events.KVBatcher, batch []*kvWrite) {
 		// Nothing was written, and which write was refused is not said:
 		// halves until the single writes refused answer for themselves.
 		g.splits.Add(1)
+		g.metrics.batch("split")
 		half := len(batch) / 2
 		g.writeBatch(b, batch[:half])
 		g.writeBatch(b, batch[half:])
 	case errors.Is(err, events.ErrBatchUnsupported):
 		// Nothing was written: each alone, a few at a time, and no batch
 		// for batchRetry.
+		g.metrics.batch("refused")
+		g.metrics.memberWrites("alone", len(batch))
 		if g.batchOff.Swap(time.Now().Add(batchRetry).UnixNano()) == 0 && g.onRefused != nil {
 			g.onRefused(err)
 		}
@@ -316,6 +325,7 @@ func (g *storeGate) writeBatch(b events.KVBatcher, batch []*kvWrite) {
 		}
 		wg.Wait()
 	default:
+		g.metrics.batch("failed")
 		for _, w := range batch {
 			w.done(0, err, took)
 		}

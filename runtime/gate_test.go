@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
 	"understudy/actors/failover"
 	"understudy/events"
 )
@@ -281,6 +284,7 @@ func gateWrites(t *testing.T, g *storeGate, kv *batchCountingKV, n, stale int) [
 // lands, with far fewer calls to the store than writes.
 func TestStoreGateBatchesWaitingWrites(t *testing.T) {
 	g := newStoreGate()
+	g.metrics = NewMemberMetrics(promRegistry())
 	defer g.stop()
 	kv := &batchCountingKV{MemoryKV: events.NewMemoryKV("kv", nil)}
 	const n, stale = 600, 301
@@ -296,6 +300,14 @@ func TestStoreGateBatchesWaitingWrites(t *testing.T) {
 	calls := kv.batches.Load() + kv.singles.Load()
 	if calls > n/4 || g.batched.Load() < n/2 || g.splits.Load() == 0 {
 		t.Errorf("%d batches and %d single writes for %d writes (%d in batches, %d splits): want batches", kv.batches.Load(), kv.singles.Load(), n, g.batched.Load(), g.splits.Load())
+	}
+	// The node's metrics say the same: every write went alone or in a
+	// batch that landed (the 12 second writes included), and the split.
+	alone, batched := counterValue(t, g.metrics.writes, "alone"), counterValue(t, g.metrics.writes, "batched")
+	if batched != float64(g.batched.Load()) || alone+batched != n+12 || counterValue(t, g.metrics.batches, "split") != float64(g.splits.Load()) ||
+		counterValue(t, g.metrics.batches, "landed") == 0 {
+		t.Errorf("metrics: %v alone, %v batched, %v batches split, %v landed; want %d in all, %d batched, %d split",
+			alone, batched, counterValue(t, g.metrics.batches, "split"), counterValue(t, g.metrics.batches, "landed"), n+12, g.batched.Load(), g.splits.Load())
 	}
 	waitNoKV(t, g)
 }
@@ -359,4 +371,13 @@ func TestServerVersionForAtomicBatches(t *testing.T) {
 			t.Errorf("versionAtLeast(%q, 2, 12) = %v, want %v", v, got, want)
 		}
 	}
+}
+
+func counterValue(t *testing.T, c *prometheus.CounterVec, label string) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.WithLabelValues(label).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }

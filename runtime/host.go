@@ -327,6 +327,7 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 		}
 	}
 	gate := newStoreGate()
+	gate.metrics = opts.Metrics
 	gate.onRefused = func(err error) {
 		logger.Warn("the store did not take a batch of writes: members' writes go one at a time for a while (if the bucket lacks allow_atomic, provisioning sets it)",
 			"err", err, "retry_after", batchRetry)

@@ -79,6 +79,8 @@ type MemberMetrics struct {
 	failures     *prometheus.GaugeVec
 	events       *prometheus.CounterVec
 	stops        *prometheus.CounterVec
+	writes       *prometheus.CounterVec
+	batches      *prometheus.CounterVec
 }
 
 // NewMemberMetrics registers the member metrics in reg.
@@ -116,9 +118,31 @@ func NewMemberMetrics(reg prometheus.Registerer) *MemberMetrics {
 			Name: "understudy_member_stops_total",
 			Help: "Times the member stopped for good while its node ran on (the node restarts it, fenced).",
 		}, []string{"pair", "site"}),
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "understudy_store_member_writes_total",
+			Help: "The node's member KV writes by how they went: alone, batched (in an atomic batch of two or more that was answered), not_issued (their turn came after half their window: counted failed by the member).",
+		}, []string{"how"}),
+		batches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "understudy_store_batches_total",
+			Help: "The node's atomic batches of member writes by outcome: landed, split (a conflict or a key in flight: halved), refused (the store took none: written one by one), failed (no answer by the earliest deadline, or another error).",
+		}, []string{"outcome"}),
 	}
-	reg.MustRegister(m.writeLatency, m.degraded, m.serving, m.term, m.phase, m.failures, m.events, m.stops)
+	reg.MustRegister(m.writeLatency, m.degraded, m.serving, m.term, m.phase, m.failures, m.events, m.stops, m.writes, m.batches)
 	return m
+}
+
+// memberWrites counts n of the node's member KV writes gone how.
+func (m *MemberMetrics) memberWrites(how string, n int) {
+	if m != nil {
+		m.writes.WithLabelValues(how).Add(float64(n))
+	}
+}
+
+// batch counts one of the node's batches by outcome.
+func (m *MemberMetrics) batch(outcome string) {
+	if m != nil {
+		m.batches.WithLabelValues(outcome).Inc()
+	}
 }
 
 // storeHealth records the node's store write latency and whether it is
