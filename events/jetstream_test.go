@@ -217,15 +217,7 @@ func newTestKV(tb testing.TB) (*events.JetStreamKV, jetstream.JetStream) {
 		tb.Fatalf("create bucket: %v", err)
 	}
 	// As provisioning does for understudy's buckets: atomic batches allowed.
-	st, err := js.Stream(ctx, "KV_kv")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cfg := st.CachedInfo().Config
-	cfg.AllowAtomicPublish = true
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		tb.Fatalf("allow atomic batches: %v", err)
-	}
+	allowAtomic(tb, js, "KV_kv", true)
 	kv, err := events.NewJetStreamKV(ctx, js, "kv")
 	if err != nil {
 		tb.Fatalf("NewJetStreamKV: %v", err)
@@ -968,20 +960,28 @@ func TestJetStreamBatchUnsupported(t *testing.T) {
 	if !kvb.Batches() {
 		t.Fatal("Batches() false on a bucket with allow_atomic")
 	}
-	st, err := jsb.Stream(ctx, "KV_kv")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := st.CachedInfo().Config
-	cfg.AllowAtomicPublish = false
-	if _, err := jsb.UpdateStream(ctx, cfg); err != nil {
-		t.Fatalf("turn atomic publish off: %v", err)
-	}
+	allowAtomic(t, jsb, "KV_kv", false)
 	_, err = kvb.WriteBatch(ctx, []events.KVWrite{{Key: "a.leader", Value: []byte("x")}, {Key: "b.leader", Value: []byte("y")}})
 	if !errors.Is(err, events.ErrBatchUnsupported) {
 		t.Fatalf("WriteBatch after allow_atomic was turned off: %v, want ErrBatchUnsupported", err)
 	}
 	if _, err := kvb.Get(ctx, "a.leader"); !errors.Is(err, events.ErrNotFound) {
 		t.Fatalf("a.leader after the refused batch: %v, want ErrNotFound", err)
+	}
+}
+
+// allowAtomic turns atomic batch publish on or off on stream.
+func allowAtomic(tb testing.TB, js jetstream.JetStream, stream string, on bool) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.AllowAtomicPublish = on
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		tb.Fatalf("allow_atomic %v on %s: %v", on, stream, err)
 	}
 }
