@@ -41,7 +41,6 @@ const (
 type storeGate struct {
 	jobs    chan *gateJob // member KV writes waiting for a worker
 	busy    atomic.Int64  // member KV writes being performed
-	dropped atomic.Int64  // member KV writes whose turn came too late to issue
 	start   sync.Once     // the workers
 	done    chan struct{} // closed by stop: the workers end
 	stopped sync.Once
@@ -51,11 +50,9 @@ type storeGate struct {
 	pending atomic.Int64  // appends waiting or in flight
 
 	batches   chan struct{}  // batches in flight (maxBatches)
-	batched   atomic.Int64   // member writes that went in a batch of two or more
-	splits    atomic.Int64   // batches split in two after a conflict
 	batchOff  atomic.Int64   // unix nanos before which no batch is tried (the bucket refused one)
 	onRefused func(error)    // told when the bucket refuses a batch (nil: nobody)
-	metrics   *MemberMetrics // the node's (nil: none)
+	metrics   *MemberMetrics // the node's (nil: none); the gate's only counts
 }
 
 // gateJob is one member KV write waiting in the gate: a kvWrite, or (in
@@ -144,9 +141,8 @@ func (g *storeGate) late(j *gateJob) bool {
 	if !time.Now().After(j.issueBy) {
 		return false
 	}
-	g.dropped.Add(1)
+	g.metrics.memberWrites("not_issued", 1) // before the count ends: a write is counted once it is no longer pending
 	g.kv.Add(-1)
-	g.metrics.memberWrites("not_issued", 1)
 	return true
 }
 
@@ -254,9 +250,8 @@ func (g *storeGate) writeBatch(b events.KVBatcher, batch []*kvWrite) {
 	kept := batch[:0:0]
 	for _, w := range batch {
 		if now.After(w.issueBy) {
-			g.dropped.Add(1)
-			g.kv.Add(-1)
 			g.metrics.memberWrites("not_issued", 1)
+			g.kv.Add(-1)
 			continue
 		}
 		kept = append(kept, w)
@@ -288,7 +283,6 @@ func (g *storeGate) writeBatch(b events.KVBatcher, batch []*kvWrite) {
 	}
 	switch {
 	case err == nil:
-		g.batched.Add(int64(len(batch)))
 		g.metrics.batch("landed")
 		g.metrics.memberWrites("batched", len(batch))
 		for i, w := range batch {
@@ -297,7 +291,6 @@ func (g *storeGate) writeBatch(b events.KVBatcher, batch []*kvWrite) {
 	case split:
 		// Nothing was written, and which write was refused is not said:
 		// halves until the single writes refused answer for themselves.
-		g.splits.Add(1)
 		g.metrics.batch("split")
 		half := len(batch) / 2
 		g.writeBatch(b, batch[:half])

@@ -149,7 +149,7 @@ func TestAppenderWaitsForItsTurnWithoutFailing(t *testing.T) {
 // A member write whose turn comes after its issue-by time is dropped,
 // never issued; the others run in the order asked.
 func TestStoreGateDropsWritesTooLateToIssue(t *testing.T) {
-	g := newStoreGate()
+	g := countedGate()
 	defer g.stop()
 	var ran []int
 	var mu sync.Mutex
@@ -169,8 +169,8 @@ func TestStoreGateDropsWritesTooLateToIssue(t *testing.T) {
 	for g.kv.Load() != 0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	if g.dropped.Load() != 1 || len(ran) != 2 || g.kv.Load() != 0 {
-		t.Fatalf("dropped %d, ran %v, kv %d; want one dropped, both others run, none pending", g.dropped.Load(), ran, g.kv.Load())
+	if n := counterValue(t, g.metrics.writes, "not_issued"); n != 1 || len(ran) != 2 || g.kv.Load() != 0 {
+		t.Fatalf("dropped %v, ran %v, kv %d; want one dropped, both others run, none pending", n, ran, g.kv.Load())
 	}
 }
 
@@ -283,8 +283,7 @@ func gateWrites(t *testing.T, g *storeGate, kv *batchCountingKV, n, stale int) [
 // fails alone (its batch is halved until it stands alone), every other
 // lands, with far fewer calls to the store than writes.
 func TestStoreGateBatchesWaitingWrites(t *testing.T) {
-	g := newStoreGate()
-	g.metrics = NewMemberMetrics(promRegistry())
+	g := countedGate()
 	defer g.stop()
 	kv := &batchCountingKV{MemoryKV: events.NewMemoryKV("kv", nil)}
 	const n, stale = 600, 301
@@ -297,17 +296,15 @@ func TestStoreGateBatchesWaitingWrites(t *testing.T) {
 			t.Errorf("write %d: %v", i, err)
 		}
 	}
+	// Far fewer calls to the store than writes; every write went alone
+	// or in a batch that landed (the 12 second writes included), none
+	// dropped; the stale write's batch was split.
 	calls := kv.batches.Load() + kv.singles.Load()
-	if calls > n/4 || g.batched.Load() < n/2 || g.splits.Load() == 0 {
-		t.Errorf("%d batches and %d single writes for %d writes (%d in batches, %d splits): want batches", kv.batches.Load(), kv.singles.Load(), n, g.batched.Load(), g.splits.Load())
-	}
-	// The node's metrics say the same: every write went alone or in a
-	// batch that landed (the 12 second writes included), and the split.
 	alone, batched := counterValue(t, g.metrics.writes, "alone"), counterValue(t, g.metrics.writes, "batched")
-	if batched != float64(g.batched.Load()) || alone+batched != n+12 || counterValue(t, g.metrics.batches, "split") != float64(g.splits.Load()) ||
-		counterValue(t, g.metrics.batches, "landed") == 0 {
-		t.Errorf("metrics: %v alone, %v batched, %v batches split, %v landed; want %d in all, %d batched, %d split",
-			alone, batched, counterValue(t, g.metrics.batches, "split"), counterValue(t, g.metrics.batches, "landed"), n+12, g.batched.Load(), g.splits.Load())
+	splits, landed := counterValue(t, g.metrics.batches, "split"), counterValue(t, g.metrics.batches, "landed")
+	if calls > n/4 || batched < n/2 || alone+batched != n+12 || splits == 0 || landed == 0 {
+		t.Errorf("%d batches and %d single writes for %d writes; metrics: %v alone, %v batched, %v batches split, %v landed: want batches, %d writes in all",
+			kv.batches.Load(), kv.singles.Load(), n, alone, batched, splits, landed, n+12)
 	}
 	waitNoKV(t, g)
 }
@@ -315,7 +312,7 @@ func TestStoreGateBatchesWaitingWrites(t *testing.T) {
 // A store that refuses batches gets every write one at a time, and the
 // host hears of it once.
 func TestStoreGateWritesAloneWhenBatchesAreRefused(t *testing.T) {
-	g := newStoreGate()
+	g := countedGate()
 	defer g.stop()
 	var told atomic.Int64
 	g.onRefused = func(error) { told.Add(1) }
@@ -326,8 +323,8 @@ func TestStoreGateWritesAloneWhenBatchesAreRefused(t *testing.T) {
 			t.Errorf("write %d: %v", i, err)
 		}
 	}
-	if kv.singles.Load() != 306 || told.Load() != 1 || g.batched.Load() != 0 {
-		t.Errorf("%d single writes, refusal told %d times, %d batched: want 306 (300 and 6 second writes), 1, 0", kv.singles.Load(), told.Load(), g.batched.Load())
+	if b := counterValue(t, g.metrics.writes, "batched"); kv.singles.Load() != 306 || told.Load() != 1 || b != 0 || counterValue(t, g.metrics.batches, "refused") == 0 {
+		t.Errorf("%d single writes, refusal told %d times, %v batched: want 306 (300 and 6 second writes), 1, 0, and a refused batch counted", kv.singles.Load(), told.Load(), b)
 	}
 	waitNoKV(t, g)
 }
@@ -349,7 +346,7 @@ func waitNoKV(t *testing.T, g *storeGate) {
 // proposed is refused whole (10164): it is halved like a conflict, so
 // only that write is answered "in flight"; the others land.
 func TestStoreGateSplitsABatchRefusedForAKeyInFlight(t *testing.T) {
-	g := newStoreGate()
+	g := countedGate()
 	defer g.stop()
 	kv := &batchCountingKV{MemoryKV: events.NewMemoryKV("kv", nil), busy: failover.LeaderKey("p0123")}
 	errs := gateWrites(t, g, kv, 400, -1)
@@ -358,8 +355,8 @@ func TestStoreGateSplitsABatchRefusedForAKeyInFlight(t *testing.T) {
 			t.Errorf("write %d: %v (refused for another key's write in flight)", i, err)
 		}
 	}
-	if g.splits.Load() == 0 || g.batched.Load() < 200 {
-		t.Errorf("%d splits, %d writes in batches: want the refused batch halved and the rest batched", g.splits.Load(), g.batched.Load())
+	if splits, batched := counterValue(t, g.metrics.batches, "split"), counterValue(t, g.metrics.writes, "batched"); splits == 0 || batched < 200 {
+		t.Errorf("%v splits, %v writes in batches: want the refused batch halved and the rest batched", splits, batched)
 	}
 	waitNoKV(t, g)
 }
@@ -380,4 +377,11 @@ func counterValue(t *testing.T, c *prometheus.CounterVec, label string) float64 
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// countedGate is a gate whose counts the tests read from its metrics.
+func countedGate() *storeGate {
+	g := newStoreGate()
+	g.metrics = NewMemberMetrics(promRegistry())
+	return g
 }
