@@ -277,7 +277,10 @@ func (g *storeGate) writeBatch(b events.KVBatcher, batch []*kvWrite) {
 	began := time.Now()
 	revs, err := b.WriteBatch(ctx, writes)
 	took := time.Since(began)
-	split := errors.Is(err, events.ErrConflict) || errors.Is(err, events.ErrInFlight)
+	// A write the bucket refuses (a conflict, a key still being proposed,
+	// an invalid key) fails the batch with nothing written: halves, so
+	// that it fails alone and not its neighbours.
+	split := errors.Is(err, events.ErrConflict) || errors.Is(err, events.ErrInFlight) || errors.Is(err, events.ErrInvalid)
 	if !split {
 		defer g.kv.Add(-int64(len(batch))) // the halves count for themselves
 	}

@@ -385,3 +385,42 @@ func countedGate() *storeGate {
 	g.metrics = NewMemberMetrics(promRegistry())
 	return g
 }
+
+// One write with a key the bucket refuses fails alone, not the writes
+// batched with it.
+func TestStoreGateBadKeyFailsAlone(t *testing.T) {
+	g := countedGate()
+	defer g.stop()
+	kv := &batchCountingKV{MemoryKV: events.NewMemoryKV("kv", nil)}
+	hold := make(chan struct{})
+	for range maxMemberWrites {
+		g.submit(time.Now().Add(time.Minute), func() { <-hold })
+	}
+	const n, bad = 100, 37
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		key := failover.LeaderKey(fmt.Sprintf("p%04d", i))
+		if i == bad {
+			key = "bad key"
+		}
+		wg.Add(1)
+		g.submitWrite(&kvWrite{ctx: context.Background(), kv: kv, w: events.KVWrite{Key: key, Value: []byte("v"), Put: true},
+			issueBy: time.Now().Add(time.Minute), deadline: time.Now().Add(2 * time.Minute),
+			done: func(_ uint64, err error, _ time.Duration) { errs[i] = err; wg.Done() }})
+	}
+	close(hold)
+	wg.Wait()
+	for i, err := range errs {
+		switch {
+		case i == bad && !errors.Is(err, events.ErrInvalid):
+			t.Errorf("the bad key's write: %v, want ErrInvalid", err)
+		case i != bad && err != nil:
+			t.Errorf("write %d failed beside the bad key: %v", i, err)
+		}
+	}
+	if counterValue(t, g.metrics.batches, "split") == 0 {
+		t.Error("no batch split: the test did not batch the bad key")
+	}
+	waitNoKV(t, g)
+}
