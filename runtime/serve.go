@@ -106,7 +106,7 @@ type node struct {
 	metrics  *metrics
 	httpAddr string
 
-	embedded    *EmbeddedNATS // nil with an external NATS
+	embedded    atomic.Pointer[EmbeddedNATS] // nil with an external NATS; read by /healthz
 	nc          atomic.Pointer[nats.Conn]
 	provisioned atomic.Bool
 	host        atomic.Pointer[Host]  // the failover members, once started
@@ -131,6 +131,7 @@ func (n *node) run(ctx context.Context) error {
 	}
 	names := AssetsConfig{FailoverBucket: s.failoverBucket, FleetBucket: s.fleetBucket, EventsStream: s.eventsStream}
 	mode := "external"
+	var embedded *EmbeddedNATS
 	if s.embedded {
 		mode = "embedded"
 		ec := EmbeddedConfig{
@@ -145,7 +146,8 @@ func (n *node) run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		n.embedded = es
+		n.embedded.Store(es)
+		embedded = es
 		connect.URL = es.dialURL()
 	} else if s.tlsInsecure {
 		n.log.Warn("TLS certificate verification of the NATS server is disabled (nats.tls.insecure)")
@@ -165,10 +167,10 @@ func (n *node) run(ctx context.Context) error {
 		return fmt.Errorf("runtime: jetstream: %w", err)
 	}
 
-	if n.embedded != nil && s.server.cluster != nil {
+	if embedded != nil && s.server.cluster != nil {
 		// Provisioning before the cluster has a meta leader only times out.
 		n.log.Info("waiting for the NATS cluster: JetStream needs a meta leader, elected by a majority of the servers", "routes", len(s.server.cluster.routes))
-		if err := n.embedded.WaitJetStream(ctx); err != nil {
+		if err := embedded.WaitJetStream(ctx); err != nil {
 			return nil // ctx is done
 		}
 		n.log.Info("jetstream cluster has a meta leader")
@@ -182,11 +184,11 @@ func (n *node) run(ctx context.Context) error {
 	}
 
 	streams := []string{Asset{Kind: KVBucket, Name: s.failoverBucket}.StreamName(), s.eventsStream, Asset{Kind: KVBucket, Name: s.fleetBucket}.StreamName()}
-	if n.embedded != nil && s.server.cluster != nil && len(s.members) > 0 {
+	if embedded != nil && s.server.cluster != nil && len(s.members) > 0 {
 		// A restarted server catches its replicas up first; members started
 		// meanwhile saw their first reads and watch time out (5 s each).
 		start := time.Now()
-		behind, err := n.embedded.WaitStreamsCurrent(ctx, streams, streamsCurrentWithin)
+		behind, err := embedded.WaitStreamsCurrent(ctx, streams, streamsCurrentWithin)
 		if err != nil {
 			return nil // ctx is done
 		}
@@ -206,8 +208,8 @@ func (n *node) run(ctx context.Context) error {
 	}
 
 	clientURL := nc.ConnectedUrlRedacted()
-	if n.embedded != nil {
-		clientURL = n.embedded.ClientURL()
+	if embedded != nil {
+		clientURL = embedded.ClientURL()
 	}
 	var host *Host
 	if len(s.members) > 0 || s.agent != nil { // the agent's postgres-pair kind adds members to it
@@ -326,8 +328,8 @@ func (n *node) shutdown(httpSrv *http.Server, httpDone <-chan struct{}) {
 		nc.Close()
 		n.log.Debug("nats connection closed")
 	}
-	if n.embedded != nil {
-		n.embedded.Shutdown()
+	if es := n.embedded.Load(); es != nil {
+		es.Shutdown()
 	}
 	n.log.Info("stopped")
 }
@@ -390,7 +392,7 @@ func (n *node) healthz(w http.ResponseWriter, r *http.Request) {
 	if !h.Provisioned {
 		h.Reasons = append(h.Reasons, "assets: not provisioned yet")
 	}
-	if n.embedded != nil && n.embedded.StoreFull() {
+	if es := n.embedded.Load(); es != nil && es.StoreFull() {
 		h.Reasons = append(h.Reasons, "jetstream: the data directory ran out of space; writes are refused until space is freed (recovery is automatic)")
 	}
 	if ag := n.agent.Load(); ag != nil && !ag.Running() {

@@ -420,7 +420,7 @@ func TestHealthzReportsStoppedMember(t *testing.T) {
 	}
 
 	// An embedded store that ran out of space is a reason too.
-	n.embedded = &EmbeddedNATS{sl: &serverLogger{noSpace: true}}
+	n.embedded.Store(&EmbeddedNATS{sl: &serverLogger{noSpace: true}})
 	_, body = getHealth(t, srv.URL)
 	if !slices.Contains(body.Reasons, "jetstream: the data directory ran out of space; writes are refused until space is freed (recovery is automatic)") {
 		t.Errorf("reasons with a full store: %q", body.Reasons)
