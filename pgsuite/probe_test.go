@@ -368,12 +368,18 @@ type writer struct {
 	done     chan struct{}
 }
 
-// startWriter creates the counter table on site leader and starts the
-// writer.
+// startWriter creates the counter table on site leader, waits until the
+// other site replayed it, and starts the writer.
 func (c *cluster) startWriter(leader int) *writer {
 	c.t.Helper()
 	if err := c.exec(leader, "CREATE TABLE IF NOT EXISTS pgsuite_counter (n bigint PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())"); err != nil {
 		c.t.Fatalf("create the counter table on %s: %v", c.sites[leader].name, err)
+	}
+	// The standby has the table before any commit counts: a kill before it
+	// replayed the CREATE would leave the promoted site without the table,
+	// and no commit of the writer could ever land there.
+	if err := c.waitCaughtUp(1-leader, 30*time.Second); err != nil {
+		c.t.Fatalf("the counter table did not reach the standby: %v", err)
 	}
 	a, b := c.sites[0], c.sites[1]
 	w := &writer{c: c, stop: make(chan struct{}), done: make(chan struct{}),
