@@ -33,6 +33,8 @@
 #           from the working tree
 # KEEP      1: keep each run's directory (node files, logs, store)
 # PPROF     1: the member nodes serve Go's profiler (address in each node's log)
+# KILL_PROFILE  with PPROF=1 and KILL=1: site-b's CPU profile of the 30 s
+#           from the kill is written to KILL_PROFILE.<mode>.<pairs>
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -122,7 +124,9 @@ for mode in "${modes[@]}"; do
     done
     say "run: pairs=$n mode=${mode:-unset} duration=$duration kill=$KILL topology=$TOPOLOGY load=$(cut -d' ' -f1-3 /proc/loadavg)"
     out=$tmp/run.out
-    "$tmp/bin/bench-pairs" "${args[@]}" -duration "$duration" -pairs "$n" -mode "$mode" >"$out" &
+    run_args=()
+    [ -n "${KILL_PROFILE:-}" ] && run_args+=(-kill-profile "$KILL_PROFILE.${mode:-unset}.$n")
+    "$tmp/bin/bench-pairs" "${args[@]}" "${run_args[@]}" -duration "$duration" -pairs "$n" -mode "$mode" >"$out" &
     harness_pid=$!
     rc=0
     wait "$harness_pid" || rc=$?

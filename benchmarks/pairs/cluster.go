@@ -92,6 +92,7 @@ type proc struct {
 	ready     chan struct{} // closed at the "ready" line
 	clientURL string        // from the ready line; read after ready is closed
 	httpAddr  atomic.Value  // string, from the "http listening" line
+	pprofAddr atomic.Value  // string, from the "pprof listening" line
 	warns     atomic.Int64  // log lines at WARN
 	errors    atomic.Int64  // log lines at ERROR
 
@@ -125,6 +126,7 @@ func startNode(bin, name, file, logPath string) (*proc, error) {
 	}
 	p := &proc{name: name, cmd: cmd, logPath: logPath, ready: make(chan struct{}), exited: make(chan struct{})}
 	p.httpAddr.Store("")
+	p.pprofAddr.Store("")
 	p.refusal.Store("")
 	var scanned sync.WaitGroup
 	scanned.Add(1)
@@ -168,7 +170,7 @@ func (p *proc) scan(r io.Reader, out io.Writer) {
 		case strings.Contains(s, `"level":"ERROR"`):
 			p.errors.Add(1)
 		}
-		if !strings.Contains(s, `"msg":"ready"`) && !strings.Contains(s, `"msg":"http listening"`) && !strings.Contains(s, `"msg":"refusing to start`) {
+		if !strings.Contains(s, `"msg":"ready"`) && !strings.Contains(s, `"msg":"http listening"`) && !strings.Contains(s, `"msg":"pprof listening"`) && !strings.Contains(s, `"msg":"refusing to start`) {
 			continue
 		}
 		var l struct {
@@ -187,6 +189,8 @@ func (p *proc) scan(r io.Reader, out io.Writer) {
 			p.refusal.Store(l.Err)
 		case l.Msg == "http listening":
 			p.httpAddr.Store(l.Addr)
+		case l.Msg == "pprof listening":
+			p.pprofAddr.Store(l.Addr)
 		case l.Msg == "ready" && !readyClosed:
 			p.clientURL = l.ClientURL
 			readyClosed = true

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"maps"
 	"math"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -47,6 +49,7 @@ type options struct {
 	keep        bool
 	progress    bool
 	pprof       bool
+	killProfile string
 }
 
 func main() {
@@ -67,6 +70,7 @@ func main() {
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (node files, logs, JetStream store)")
 	flag.BoolVar(&o.progress, "progress", false, "show progress on stderr")
 	flag.BoolVar(&o.pprof, "pprof", false, "member nodes serve Go's profiler on a free loopback port (see each node's log for the address); needs a binary that knows the pprof key")
+	flag.StringVar(&o.killProfile, "kill-profile", "", "with -pprof and -kill: write site-b's CPU profile of the 30 s from the kill to this file")
 	flag.Parse()
 	switch {
 	case o.bin == "":
@@ -531,9 +535,22 @@ func killPhase(ctx context.Context, o options, c *cluster, nc *nats.Conn, js jet
 		}
 	}
 	r.KillHeldByA = len(held)
+	var profiled chan struct{}
+	if o.killProfile != "" {
+		profiled = make(chan struct{})
+		go func() {
+			defer close(profiled)
+			if err := profileCPU(ctx, c.b.pprofAddr.Load().(string), 30*time.Second, o.killProfile); err != nil {
+				o.progressf(true, "site-b's CPU profile after the kill: %v", err)
+			}
+		}()
+	}
 	tKill := time.Now()
 	c.a.kill()
 	r.Killed = true
+	if profiled != nil {
+		defer func() { <-profiled }()
+	}
 	for {
 		regs, err := readRegisters(ctx, nc, pairs)
 		if err != nil {
@@ -625,4 +642,35 @@ func mb1(b uint64) float64 { return round(float64(b)/(1<<20), 1) }
 func round(v float64, digits int) float64 {
 	p := math.Pow10(digits)
 	return math.Round(v*p) / p
+}
+
+// profileCPU writes the CPU profile of the process serving Go's profiler
+// at addr, over d, to file.
+func profileCPU(ctx context.Context, addr string, d time.Duration, file string) error {
+	if addr == "" {
+		return errors.New("no pprof address in site-b's log (run with -pprof)")
+	}
+	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds())), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("pprof answered %s", resp.Status)
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
