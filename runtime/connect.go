@@ -40,9 +40,10 @@ type ConnectOptions struct {
 	// DeadAfter bounds how long a connection whose server stopped
 	// answering (a partition, not a closed socket) goes unnoticed: the
 	// client pings every DeadAfter/(MaxPingsOutstanding+1) and gives the
-	// server up after MaxPingsOutstanding unanswered pings, then moves to
-	// the next server of URL. Serve sets it to the smallest
-	// heartbeat_timeout of the node's pairs; zero means DefaultDeadAfter.
+	// server up once DeadAfter has passed with no pong and no message
+	// received, then moves to the next server of URL (see deadWatch).
+	// Serve sets it to the smallest heartbeat_timeout of the node's
+	// pairs; zero means DefaultDeadAfter.
 	DeadAfter time.Duration
 	// HomeProbe is how often, while connected to any server but the first
 	// of URL (the node's own site's), the client checks whether the first
@@ -55,9 +56,9 @@ type ConnectOptions struct {
 const (
 	// DefaultDeadAfter is ConnectOptions.DeadAfter of a node with no pairs.
 	DefaultDeadAfter = 2 * time.Second
-	// MaxPingsOutstanding is how many pings may go unanswered before the
-	// connection is given up: two, so that one pong delayed by a busy link
-	// is no reason to leave a server.
+	// MaxPingsOutstanding: DeadAfter is MaxPingsOutstanding+1 ping
+	// intervals, so that one pong delayed by a busy link is no reason to
+	// leave a server.
 	MaxPingsOutstanding = 2
 	// DefaultHomeProbe paces the checks of the first server while away.
 	DefaultHomeProbe = 5 * time.Second
@@ -134,8 +135,9 @@ func Connect(ctx context.Context, o ConnectOptions, log *slog.Logger) (*nats.Con
 		nats.ReconnectWait(retry.Initial),
 		nats.ReconnectJitter(retry.Initial/2, retry.Initial/2),
 		nats.DontRandomize(),
-		nats.PingInterval(pingInterval(deadAfter)),
-		nats.MaxPingsOutstanding(MaxPingsOutstanding),
+		// deadWatch pings and judges the connection; nats.go's own pings
+		// (which give a server up on unanswered pongs alone) stay out.
+		nats.PingInterval(noClientPings),
 		nats.ReconnectBufSize(-1),
 		nats.ReconnectToServer(home.pick),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -174,6 +176,7 @@ func Connect(ctx context.Context, o ConnectOptions, log *slog.Logger) (*nats.Con
 			dialer.detached.Store(true)
 			home.connected(nc)
 			home.start(nc)
+			go (&deadWatch{deadAfter: deadAfter, log: log, home: home}).run(nc)
 			log.Info("nats connected", "url", nc.ConnectedUrlRedacted(), "server", nc.ConnectedServerName(), "attempt", attempt,
 				"detect_within", deadAfter)
 			return nc, nil
@@ -240,6 +243,71 @@ func IsAuthError(err error) bool {
 		}
 	}
 	return err != nil && strings.Contains(strings.ToLower(err.Error()), "authorization violation")
+}
+
+// noClientPings is nats.go's ping interval: never within a connection's
+// life (deadWatch pings instead).
+const noClientPings = 24 * time.Hour
+
+// deadWatch gives a server up when it stopped answering: DeadAfter with
+// no pong to its pings and no message received. nats.go alone counts
+// unanswered pings only, and a server answers a ping only after what the
+// client sent before it: a server busy with the client's earlier requests
+// (its direct reads wait for the store's disk syncs, in the connection's
+// read loop) was given up while it still delivered the client's watch
+// and acknowledged its writes — in a 10,000-pair takeover the survivor
+// reconnected, failed every request in flight, and took its pairs over
+// 7 s later. A server that delivers is alive; one cut off delivers
+// nothing (over TCP, a client whose acknowledgements do not reach the
+// server stops receiving within a retransmission timeout).
+type deadWatch struct {
+	deadAfter time.Duration
+	log       *slog.Logger
+	home      *homeward
+
+	answered atomic.Int64 // unix nanos of the latest pong
+	pinging  atomic.Bool  // a ping waits for its pong
+}
+
+func (d *deadWatch) run(nc *nats.Conn) {
+	every := max(pingInterval(d.deadAfter)/2, minPingInterval)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	heard := time.Now()
+	var received uint64
+	for range t.C {
+		if nc.IsClosed() {
+			return
+		}
+		now := time.Now()
+		if !nc.IsConnected() {
+			heard = now // reconnecting: nats.go's business; judged again once connected
+			continue
+		}
+		if in := nc.Stats().InMsgs; in != received {
+			received, heard = in, now
+		}
+		if a := time.Unix(0, d.answered.Load()); a.After(heard) {
+			heard = a
+		}
+		if now.Sub(heard) > d.deadAfter {
+			from, server := d.home.last()
+			d.log.Warn("nats server not answering, moving to the next server", "url", from, "server", server,
+				"detect_within", d.deadAfter, "ping_interval", pingInterval(d.deadAfter),
+				"error", fmt.Sprintf("no pong and no message for %v", now.Sub(heard).Round(time.Millisecond)))
+			_ = nc.ForceReconnect()
+			heard = now
+			continue
+		}
+		if now.Sub(heard) >= pingInterval(d.deadAfter) && d.pinging.CompareAndSwap(false, true) {
+			go func() {
+				defer d.pinging.Store(false)
+				if nc.FlushTimeout(d.deadAfter) == nil {
+					d.answered.Store(time.Now().UnixNano())
+				}
+			}()
+		}
+	}
 }
 
 // jitter picks a delay uniformly in [d/2, d].

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -198,6 +199,82 @@ func TestConnectDetectsDeadServerAndReturnsHome(t *testing.T) {
 	if err := nc.FlushTimeout(time.Second); err != nil {
 		t.Fatalf("connection back home does not work: %v", err)
 	}
+}
+
+// A server that reads the client's requests late — busy with the ones
+// before them, as a server whose direct reads wait for its disk syncs
+// is — answers pings late, but still delivers to the client: it is
+// alive, and the client stays (leaving it would fail every request in
+// flight). Once it delivers nothing either, it is given up within
+// DeadAfter.
+func TestConnectKeepsABusyServerThatDelivers(t *testing.T) {
+	log, rec := newLogRecorder(t)
+	home, other := startEmbedded(t, log), startEmbedded(t, log)
+	proxy, err := NewFaultProxy(home.srv.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	const deadAfter = 600 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc, err := Connect(ctx, ConnectOptions{
+		URL:       proxy.URL() + "," + other.ClientURL(),
+		Retry:     RetryConfig{Initial: 50 * time.Millisecond, Max: time.Second},
+		DeadAfter: deadAfter, HomeProbe: -1, Name: "test",
+	}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	var got atomic.Int64
+	if _, err := nc.Subscribe("tick", func(*nats.Msg) { got.Add(1) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.FlushTimeout(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := nats.Connect(home.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	stopPub := make(chan struct{})
+	pubDone := make(chan struct{})
+	go func() {
+		defer close(pubDone)
+		for {
+			select {
+			case <-stopPub:
+				return
+			case <-time.After(50 * time.Millisecond):
+				_ = pub.Publish("tick", []byte("x"))
+			}
+		}
+	}()
+
+	proxy.SetUpstreamHeld(true)
+	before := got.Load()
+	time.Sleep(4 * deadAfter)
+	if n := rec.matching("nats server not answering, moving to the next server"); len(n) > 0 {
+		t.Fatalf("a server that delivered all along was given up: %v", n[0].Attrs)
+	}
+	if nc.ConnectedUrl() != proxy.URL() {
+		t.Fatalf("connected to %s, want %s still", nc.ConnectedUrl(), proxy.URL())
+	}
+	if got.Load()-before < 10 {
+		t.Fatalf("%d messages delivered while the server read nothing of ours, want the publisher's", got.Load()-before)
+	}
+
+	close(stopPub)
+	<-pubDone
+	quiet := time.Now()
+	rec.waitFor(t, "nats server not answering, moving to the next server", 1, 5*time.Second)
+	if detected := time.Since(quiet); detected > deadAfter+300*time.Millisecond {
+		t.Errorf("detected %s after the server stopped delivering, want within DeadAfter %s (+300ms scheduling slack)", detected, deadAfter)
+	}
+	waitConnectedTo(t, nc, other.ClientURL(), 5*time.Second)
+	proxy.SetUpstreamHeld(false)
 }
 
 // waitConnectedTo polls until nc is connected to url and returns when it was.

@@ -17,6 +17,7 @@ type FaultProxy struct {
 	mu      sync.Mutex
 	cond    *sync.Cond
 	blocked bool
+	held    bool // client to target only (SetUpstreamHeld)
 	closed  bool
 	conns   []net.Conn
 	wg      sync.WaitGroup
@@ -42,6 +43,17 @@ func (p *FaultProxy) URL() string { return "nats://" + p.ln.Addr().String() }
 func (p *FaultProxy) SetBlocked(b bool) {
 	p.mu.Lock()
 	p.blocked = b
+	p.mu.Unlock()
+	p.cond.Broadcast()
+}
+
+// SetUpstreamHeld stalls (true) or resumes (false) what clients send to
+// the target only; what the target sends still flows: a server that
+// reads a client's requests late (busy with the ones before) but still
+// delivers to it.
+func (p *FaultProxy) SetUpstreamHeld(h bool) {
+	p.mu.Lock()
+	p.held = h
 	p.mu.Unlock()
 	p.cond.Broadcast()
 }
@@ -83,13 +95,14 @@ func (p *FaultProxy) accept() {
 		p.conns = append(p.conns, in, out)
 		p.mu.Unlock()
 		p.wg.Add(2)
-		go p.pipe(out, in)
-		go p.pipe(in, out)
+		go p.pipe(out, in, true)
+		go p.pipe(in, out, false)
 	}
 }
 
-// pipe copies src to dst, holding each chunk while the proxy is blocked.
-func (p *FaultProxy) pipe(dst, src net.Conn) {
+// pipe copies src to dst, holding each chunk while the proxy is blocked
+// (or, upstream, while it holds what clients send).
+func (p *FaultProxy) pipe(dst, src net.Conn, upstream bool) {
 	defer p.wg.Done()
 	defer func() { _ = dst.Close(); _ = src.Close() }()
 	buf := make([]byte, 32<<10)
@@ -97,7 +110,7 @@ func (p *FaultProxy) pipe(dst, src net.Conn) {
 		n, err := src.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
-			for p.blocked && !p.closed {
+			for (p.blocked || upstream && p.held) && !p.closed {
 				p.cond.Wait()
 			}
 			closed := p.closed
