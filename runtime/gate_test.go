@@ -309,6 +309,59 @@ func TestStoreGateBatchesWaitingWrites(t *testing.T) {
 	waitNoKV(t, g)
 }
 
+// slowBatchKV answers its batches only once open is closed.
+type slowBatchKV struct {
+	*batchCountingKV
+	open chan struct{}
+}
+
+func (k *slowBatchKV) WriteBatch(ctx context.Context, ws []events.KVWrite) ([]uint64, error) {
+	<-k.open
+	return k.batchCountingKV.WriteBatch(ctx, ws)
+}
+
+// While every batch slot is taken by a batch the store has not answered,
+// the writes waiting behind them wait for the next batches: none goes
+// alone beside them (each alone costs the store a disk sync, and 60 of
+// them beside 4 batches starved a 10,000-pair takeover).
+func TestStoreGateWritesWaitForABatchWhileSlotsAreTaken(t *testing.T) {
+	g := countedGate()
+	defer g.stop()
+	kv := &slowBatchKV{batchCountingKV: &batchCountingKV{MemoryKV: events.NewMemoryKV("kv", nil)}, open: make(chan struct{})}
+	hold := make(chan struct{})
+	for range maxMemberWrites {
+		g.submit(time.Now().Add(time.Minute), func() { <-hold })
+	}
+	const n = 3000
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for i := range n {
+		wg.Add(1)
+		g.submitWrite(&kvWrite{ctx: context.Background(), kv: kv,
+			w:       events.KVWrite{Key: failover.LeaderKey(fmt.Sprintf("p%04d", i)), Value: []byte("v"), Put: true},
+			issueBy: time.Now().Add(time.Minute), deadline: time.Now().Add(2 * time.Minute),
+			done: func(_ uint64, err error, _ time.Duration) {
+				if err != nil {
+					failed.Add(1)
+				}
+				wg.Done()
+			}})
+	}
+	close(hold)
+	time.Sleep(200 * time.Millisecond) // the workers meet the taken slots
+	singlesWhileTaken := kv.singles.Load()
+	close(kv.open)
+	wg.Wait()
+	if singlesWhileTaken != 0 || kv.singles.Load() != 0 || failed.Load() != 0 {
+		t.Errorf("%d writes went alone while the batch slots were taken (%d in all), %d failed: want none alone, none failed",
+			singlesWhileTaken, kv.singles.Load(), failed.Load())
+	}
+	if b := kv.batches.Load(); b < n/events.MaxKVBatch || b > 2*n/events.MaxKVBatch {
+		t.Errorf("%d batches for %d writes, want about %d (full batches)", b, n, n/events.MaxKVBatch)
+	}
+	waitNoKV(t, g)
+}
+
 // A store that refuses batches gets every write one at a time, and the
 // host hears of it once.
 func TestStoreGateWritesAloneWhenBatchesAreRefused(t *testing.T) {
