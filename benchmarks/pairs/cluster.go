@@ -290,7 +290,7 @@ func startCluster(ctx context.Context, o options, dir string) (c *cluster, start
 	a := nodeSpec{name: siteA, dataDir: filepath.Join(dir, siteA), mode: o.mode, pairs: o.pairs, pprof: o.pprof}
 	switch o.topology {
 	case topoStore:
-		if c.store, err = launch(nodeSpec{name: "store", dataDir: filepath.Join(dir, "store"), embedded: true}); err != nil {
+		if c.store, err = launch(nodeSpec{name: "store", dataDir: filepath.Join(dir, "store"), embedded: true, pprof: o.pprof}); err != nil {
 			return c, started, err
 		}
 		first = c.store

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -535,22 +536,27 @@ func killPhase(ctx context.Context, o options, c *cluster, nc *nats.Conn, js jet
 		}
 	}
 	r.KillHeldByA = len(held)
-	var profiled chan struct{}
+	var profiled sync.WaitGroup
 	if o.killProfile != "" {
-		profiled = make(chan struct{})
-		go func() {
-			defer close(profiled)
-			if err := profileCPU(ctx, c.b.pprofAddr.Load().(string), 30*time.Second, o.killProfile); err != nil {
-				o.progressf(true, "site-b's CPU profile after the kill: %v", err)
+		for _, p := range []*proc{c.b, c.store} {
+			if p == nil {
+				continue
 			}
-		}()
+			file := o.killProfile
+			if p != c.b {
+				file += "." + p.name
+			}
+			profiled.Go(func() {
+				if err := profileCPU(ctx, p.pprofAddr.Load().(string), 30*time.Second, file); err != nil {
+					o.progressf(true, "%s's CPU profile after the kill: %v", p.name, err)
+				}
+			})
+		}
 	}
 	tKill := time.Now()
 	c.a.kill()
 	r.Killed = true
-	if profiled != nil {
-		defer func() { <-profiled }()
-	}
+	defer profiled.Wait()
 	for {
 		regs, err := readRegisters(ctx, nc, pairs)
 		if err != nil {
@@ -575,6 +581,12 @@ func killPhase(ctx context.Context, o options, c *cluster, nc *nats.Conn, js jet
 		sleep(ctx, 250*time.Millisecond)
 	}
 	time.Sleep(2 * time.Second) // the last promotions' serving_started events
+	if o.keep {
+		// The survivor's store gate and store health, for the run's record.
+		if err := saveMetrics(ctx, c.b.httpAddr.Load().(string), filepath.Join(filepath.Dir(c.b.logPath), "site-b.metrics")); err != nil {
+			o.progressf(true, "site-b's metrics after the kill: %v", err)
+		}
+	}
 	if mb, err := scrapeMembers(ctx, c.b.httpAddr.Load().(string)); err == nil {
 		r.KillMetricsServingB = len(mb.serving)
 	}
@@ -673,4 +685,31 @@ func profileCPU(ctx context.Context, addr string, d time.Duration, file string) 
 		return err
 	}
 	return f.Close()
+}
+
+// saveMetrics writes the understudy_store_ lines of the /metrics at addr
+// to file.
+func saveMetrics(ctx context.Context, addr, file string) error {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	var keep []string
+	for _, l := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(l, "understudy_store_") {
+			keep = append(keep, l)
+		}
+	}
+	return os.WriteFile(file, []byte(strings.Join(keep, "\n")+"\n"), 0o644)
 }
