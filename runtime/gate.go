@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,10 +52,13 @@ type storeGate struct {
 
 	batches   chan struct{} // batches in flight (maxBatches)
 	heldMu    sync.Mutex
-	held      []*gateJob     // member writes waiting for a batch slot, oldest first (see run)
-	batchOff  atomic.Int64   // unix nanos before which no batch is tried (the bucket refused one)
-	onRefused func(error)    // told when the bucket refuses a batch (nil: nobody)
-	metrics   *MemberMetrics // the node's (nil: none); the gate's only counts
+	held      []*gateJob   // member writes waiting for a batch slot, oldest first (see run)
+	batchOff  atomic.Int64 // unix nanos before which no batch is tried (the bucket refused one)
+	onRefused func(error)  // told when the bucket refuses a batch (nil: nobody)
+	// seen is the latest revision of key the node's watch delivered (0:
+	// none; nil: no node watch). See stale.
+	seen    atomic.Pointer[func(key string) uint64]
+	metrics *MemberMetrics // the node's (nil: none); the gate's only counts
 }
 
 // gateJob is one member KV write waiting in the gate: a kvWrite, or (in
@@ -164,6 +168,9 @@ func (g *storeGate) run(j *gateJob) {
 		g.kv.Add(-1)
 		return
 	}
+	if g.stale(j.w) {
+		return
+	}
 	b, ok := j.w.kv.(events.KVBatcher)
 	if !ok || time.Now().UnixNano() < g.batchOff.Load() || len(g.jobs) == 0 && g.heldLen() == 0 {
 		g.single(j.w)
@@ -236,7 +243,7 @@ func (g *storeGate) drain(b events.KVBatcher) {
 				run = append(run, j)
 				continue
 			}
-			if g.late(j) {
+			if g.late(j) || g.stale(j.w) {
 				continue
 			}
 			after, others := g.batch(b, j)
@@ -263,7 +270,7 @@ func (g *storeGate) batch(b events.KVBatcher, j *gateJob) (after, others []*gate
 			others = append(others, o)
 		case o.w.kv != j.w.kv || keys[o.w.w.Key]:
 			after = append(after, o)
-		case !g.late(o):
+		case !g.late(o) && !g.stale(o.w):
 			batch = append(batch, o.w)
 			keys[o.w.w.Key] = true
 		}
@@ -286,6 +293,30 @@ gather:
 	}
 	g.writeBatch(b, batch) // one write alone goes alone
 	return after, others
+}
+
+// stale answers w at once, without the store, when it is a
+// compare-and-set on a revision the node's watch has already seen
+// replaced: revisions only grow, so the store would refuse it too. In a
+// batch such a write fails the whole batch, which is then halved down to
+// it (eight more round trips for one write of 256); in a takeover of
+// thousands of pairs these are the acquires whose earlier attempt landed
+// after its member stopped waiting (a batch answered past its deadline),
+// retried on the revision before it — 2,550 batches split in one
+// 10,000-pair takeover, twice the batches that landed.
+func (g *storeGate) stale(w *kvWrite) bool {
+	seen := g.seen.Load()
+	if seen == nil || w.w.Put || w.w.Revision == 0 {
+		return false
+	}
+	rev := (*seen)(w.w.Key)
+	if rev <= w.w.Revision {
+		return false
+	}
+	g.metrics.memberWrites("stale", 1)
+	g.kv.Add(-1)
+	w.done(0, fmt.Errorf("%w: key %q is at revision %d already (the node's watch delivered it), write expected %d", events.ErrConflict, w.w.Key, rev, w.w.Revision), 0)
+	return true
 }
 
 // single performs one member write on its own.

@@ -362,6 +362,45 @@ func TestStoreGateWritesWaitForABatchWhileSlotsAreTaken(t *testing.T) {
 	waitNoKV(t, g)
 }
 
+// A compare-and-set on a revision the node's watch has seen replaced is
+// answered as a conflict at once, without the store: in a batch it would
+// fail the batch and have it halved down to it.
+func TestStoreGateAnswersKnownStaleWritesWithoutTheStore(t *testing.T) {
+	g := countedGate()
+	defer g.stop()
+	kv := &batchCountingKV{MemoryKV: events.NewMemoryKV("kv", nil)}
+	const n = 600
+	seenAt := map[string]uint64{}
+	for i := range n {
+		if i%30 == 7 {
+			// A rival (or this node's own late write) landed since: the
+			// watch delivered the key one revision on.
+			key := failover.LeaderKey(fmt.Sprintf("p%04d", i))
+			seenAt[key] = 1 << 40
+		}
+	}
+	seen := func(key string) uint64 { return seenAt[key] }
+	g.seen.Store(&seen)
+	errs := gateWrites(t, g, kv, n, -1)
+	stale := 0
+	for i, err := range errs {
+		key := failover.LeaderKey(fmt.Sprintf("p%04d", i))
+		switch {
+		case seenAt[key] != 0 && i%50 != 0:
+			stale++
+			if !errors.Is(err, events.ErrConflict) {
+				t.Errorf("write %d on a revision seen replaced: %v, want a conflict", i, err)
+			}
+		case err != nil:
+			t.Errorf("write %d: %v", i, err)
+		}
+	}
+	if splits, counted := counterValue(t, g.metrics.batches, "split"), counterValue(t, g.metrics.writes, "stale"); splits != 0 || int(counted) != stale {
+		t.Errorf("%v batches split, %v writes counted stale: want none split, %d stale", splits, counted, stale)
+	}
+	waitNoKV(t, g)
+}
+
 // A store that refuses batches gets every write one at a time, and the
 // host hears of it once.
 func TestStoreGateWritesAloneWhenBatchesAreRefused(t *testing.T) {

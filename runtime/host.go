@@ -462,6 +462,12 @@ func (h *Host) startNode(interval time.Duration) {
 	}
 	h.interval = interval
 	h.watch = newNodeWatch(h.KV, h.trust, h.node, interval, h.logger)
+	watch := h.watch
+	seen := func(key string) uint64 {
+		e, _ := watch.cached(key)
+		return e.Revision
+	}
+	h.gate.seen.Store(&seen)
 	h.watch.start()
 	h.raises = newRaiseDeduper(h.KV, h.trust, interval)
 	h.publish = make(chan struct{}, 4) // a few rules publications at a time

@@ -120,7 +120,7 @@ func NewMemberMetrics(reg prometheus.Registerer) *MemberMetrics {
 		}, []string{"pair", "site"}),
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "understudy_store_member_writes_total",
-			Help: "The node's member KV writes by how they went: alone, batched (in an atomic batch of two or more that was answered), not_issued (their turn came after half their window: counted failed by the member).",
+			Help: "The node's member KV writes by how they went: alone, batched (in an atomic batch of two or more that was answered), not_issued (their turn came after half their window: counted failed by the member), stale (a compare-and-set on a revision the node's watch had already seen replaced: answered as a conflict without the store).",
 		}, []string{"how"}),
 		batches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "understudy_store_batches_total",
