@@ -536,6 +536,20 @@ func killPhase(ctx context.Context, o options, c *cluster, nc *nats.Conn, js jet
 		}
 	}
 	r.KillHeldByA = len(held)
+	// With node leadership the registers are followed by a watch from the
+	// kill on: polling 10,000 of them (multi_last direct gets, 1,000 a
+	// request) holds the bucket's stream against its writes while each
+	// request is answered, and every 250 ms it slowed the very takeover
+	// it timed (half the store's CPU in those reads). Per-pair members
+	// take every consumer the stream allows from 500 pairs on: there the
+	// harness polls, as before.
+	var follow *registerFollower
+	if o.mode == "node" {
+		if follow, err = followRegisters(ctx, js, before); err != nil {
+			return err
+		}
+		defer follow.stop()
+	}
 	var profiled sync.WaitGroup
 	if o.killProfile != "" {
 		for _, p := range []*proc{c.b, c.store} {
@@ -558,8 +572,10 @@ func killPhase(ctx context.Context, o options, c *cluster, nc *nats.Conn, js jet
 	r.Killed = true
 	defer profiled.Wait()
 	for {
-		regs, err := readRegisters(ctx, nc, pairs)
-		if err != nil {
+		var regs map[string]register
+		if follow != nil {
+			regs = follow.now()
+		} else if regs, err = readRegisters(ctx, nc, pairs); err != nil {
 			if err := r.snapshotFailed(ctx, err); err != nil {
 				return err
 			}

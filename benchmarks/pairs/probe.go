@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -360,4 +362,71 @@ func label(labels, name string) string {
 		}
 	}
 	return ""
+}
+
+// registerFollower keeps every pair's register as a watch of the bucket
+// delivers its changes (one consumer, as a node's watch).
+type registerFollower struct {
+	w    jetstream.KeyWatcher
+	mu   sync.Mutex
+	regs map[string]register
+	done chan struct{}
+}
+
+// followRegisters follows the registers from their latest values (from
+// stands for a register whose key the watch does not deliver).
+func followRegisters(ctx context.Context, js jetstream.JetStream, from map[string]register) (*registerFollower, error) {
+	kv, err := js.KeyValue(ctx, failoverBucket)
+	if err != nil {
+		return nil, err
+	}
+	w, err := kv.Watch(ctx, "*.leader")
+	if err != nil {
+		return nil, err
+	}
+	f := &registerFollower{w: w, regs: maps.Clone(from), done: make(chan struct{})}
+	current := make(chan struct{})
+	var once sync.Once
+	go func() {
+		defer close(f.done)
+		for e := range w.Updates() {
+			if e == nil {
+				once.Do(func() { close(current) }) // the latest values are in; changes follow
+				continue
+			}
+			pair := strings.TrimSuffix(e.Key(), ".leader")
+			reg := register{}
+			if e.Operation() == jetstream.KeyValuePut {
+				if l, err := failover.DecodeLeader(e.Value()); err != nil {
+					reg.site = "?"
+				} else {
+					reg = register{site: l.Site, term: l.Term, fenced: l.Fenced}
+				}
+			}
+			f.mu.Lock()
+			f.regs[pair] = reg
+			f.mu.Unlock()
+		}
+	}()
+	select {
+	case <-current:
+		return f, nil
+	case <-f.done:
+		return nil, errors.New("the registers' watch ended before it delivered their latest values")
+	case <-ctx.Done():
+		f.stop()
+		return nil, ctx.Err()
+	}
+}
+
+// now is a copy of the registers as followed so far.
+func (f *registerFollower) now() map[string]register {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.regs)
+}
+
+func (f *registerFollower) stop() {
+	_ = f.w.Stop()
+	<-f.done
 }
