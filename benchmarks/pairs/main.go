@@ -190,6 +190,8 @@ func measure(ctx context.Context, o options) (*result, error) {
 	// Phase 1: until every pair serves on site-a and both nodes are ready
 	// (all their members started: none of their start-up is measured).
 	var regs map[string]register
+	src := &registerSource{node: o.mode == "node", nc: nc, js: js, pairs: pairs}
+	defer src.stop()
 	for {
 		if ref := c.refusals(); len(ref) > 0 {
 			r.RefusedAtStart = ref
@@ -200,7 +202,7 @@ func measure(ctx context.Context, o options) (*result, error) {
 		if err := alive(); err != nil {
 			return nil, err
 		}
-		if got, err := readRegisters(ctx, nc, pairs); err == nil {
+		if got, err := src.read(ctx); err == nil {
 			regs = got
 		} else if r.snapshotFailed(ctx, err) != nil {
 			return nil, err
@@ -225,7 +227,7 @@ func measure(ctx context.Context, o options) (*result, error) {
 	}
 
 	// Phase 2: the steady state.
-	if err := steady(ctx, o, c, nc, js, pairs, regs, r); err != nil {
+	if err := steady(ctx, o, c, src, pairs, regs, r); err != nil {
 		return r, err
 	}
 	if err := alive(); err != nil {
@@ -235,7 +237,7 @@ func measure(ctx context.Context, o options) (*result, error) {
 	// Phase 3: the death of site-a.
 	end := time.Now()
 	if o.kill {
-		if err := killPhase(ctx, o, c, nc, js, pairs, r); err != nil {
+		if err := killPhase(ctx, o, c, src, nc, js, pairs, r); err != nil {
 			return r, err
 		}
 		end = time.Now()
@@ -392,7 +394,8 @@ func (m cpuMark) percent(since cpuMark, i int) float64 {
 }
 
 // steady samples the deployment for o.duration.
-func steady(ctx context.Context, o options, c *cluster, nc *nats.Conn, js jetstream.JetStream, pairs []string, base map[string]register, r *result) error {
+func steady(ctx context.Context, o options, c *cluster, src *registerSource, pairs []string, base map[string]register, r *result) error {
+	js := src.js
 	seq0, err := readSeqs(ctx, js)
 	if err != nil {
 		return err
@@ -412,7 +415,7 @@ func steady(ctx context.Context, o options, c *cluster, nc *nats.Conn, js jetstr
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		regs, err := readRegisters(ctx, nc, pairs)
+		regs, err := src.read(ctx)
 		if err != nil {
 			if err := r.snapshotFailed(ctx, err); err != nil {
 				return err
@@ -524,8 +527,8 @@ const servingWithin = 3 * time.Minute
 
 // killPhase SIGKILLs site-a and waits until site-b holds every pair that
 // site-a held, then dates each takeover from the record.
-func killPhase(ctx context.Context, o options, c *cluster, nc *nats.Conn, js jetstream.JetStream, pairs []string, r *result) error {
-	before, err := readRegisters(ctx, nc, pairs)
+func killPhase(ctx context.Context, o options, c *cluster, src *registerSource, nc *nats.Conn, js jetstream.JetStream, pairs []string, r *result) error {
+	before, err := src.read(ctx)
 	if err != nil {
 		return err
 	}
@@ -536,20 +539,6 @@ func killPhase(ctx context.Context, o options, c *cluster, nc *nats.Conn, js jet
 		}
 	}
 	r.KillHeldByA = len(held)
-	// With node leadership the registers are followed by a watch from the
-	// kill on: polling 10,000 of them (multi_last direct gets, 1,000 a
-	// request) holds the bucket's stream against its writes while each
-	// request is answered, and every 250 ms it slowed the very takeover
-	// it timed (half the store's CPU in those reads). Per-pair members
-	// take every consumer the stream allows from 500 pairs on: there the
-	// harness polls, as before.
-	var follow *registerFollower
-	if o.mode == "node" {
-		if follow, err = followRegisters(ctx, js, before); err != nil {
-			return err
-		}
-		defer follow.stop()
-	}
 	var profiled sync.WaitGroup
 	if o.killProfile != "" {
 		for _, p := range []*proc{c.b, c.store} {
@@ -572,10 +561,8 @@ func killPhase(ctx context.Context, o options, c *cluster, nc *nats.Conn, js jet
 	r.Killed = true
 	defer profiled.Wait()
 	for {
-		var regs map[string]register
-		if follow != nil {
-			regs = follow.now()
-		} else if regs, err = readRegisters(ctx, nc, pairs); err != nil {
+		regs, err := src.read(ctx)
+		if err != nil {
 			if err := r.snapshotFailed(ctx, err); err != nil {
 				return err
 			}
