@@ -50,11 +50,13 @@ type storeGate struct {
 	narrow  chan struct{} // appends in flight while KV writes wait
 	pending atomic.Int64  // appends waiting or in flight
 
-	batches   chan struct{} // batches in flight (maxBatches)
-	heldMu    sync.Mutex
-	held      []*gateJob   // member writes waiting for a batch slot, oldest first (see run)
-	batchOff  atomic.Int64 // unix nanos before which no batch is tried (the bucket refused one)
-	onRefused func(error)  // told when the bucket refuses a batch (nil: nobody)
+	batches     chan struct{} // batches in flight (maxBatches)
+	uncertainMu sync.Mutex
+	uncertainAt map[string]time.Time // keys whose latest write may have landed unanswered (see uncertain)
+	heldMu      sync.Mutex
+	held        []*gateJob   // member writes waiting for a batch slot, oldest first (see run)
+	batchOff    atomic.Int64 // unix nanos before which no batch is tried (the bucket refused one)
+	onRefused   func(error)  // told when the bucket refuses a batch (nil: nobody)
 	// seen is the latest revision of key the node's watch delivered (0:
 	// none; nil: no node watch). See stale.
 	seen    atomic.Pointer[func(key string) uint64]
@@ -67,6 +69,7 @@ type gateJob struct {
 	issueBy time.Time
 	w       *kvWrite
 	fn      func()
+	alone   bool // its key's last write may have landed unanswered: never in a batch (see uncertain)
 }
 
 // kvWrite is one member's KV write: the write, its times (issued by
@@ -171,6 +174,10 @@ func (g *storeGate) run(j *gateJob) {
 	if g.stale(j.w) {
 		return
 	}
+	if j.alone {
+		g.single(j.w)
+		return
+	}
 	b, ok := j.w.kv.(events.KVBatcher)
 	if !ok || time.Now().UnixNano() < g.batchOff.Load() || len(g.jobs) == 0 && g.heldLen() == 0 {
 		g.single(j.w)
@@ -246,6 +253,11 @@ func (g *storeGate) drain(b events.KVBatcher) {
 			if g.late(j) || g.stale(j.w) {
 				continue
 			}
+			if g.uncertain(j.w) {
+				j.alone = true
+				run = append(run, j)
+				continue
+			}
 			after, others := g.batch(b, j)
 			run = append(run, others...)
 			g.holdFirst(after)
@@ -270,7 +282,11 @@ func (g *storeGate) batch(b events.KVBatcher, j *gateJob) (after, others []*gate
 			others = append(others, o)
 		case o.w.kv != j.w.kv || keys[o.w.w.Key]:
 			after = append(after, o)
-		case !g.late(o) && !g.stale(o.w):
+		case g.late(o) || g.stale(o.w):
+		case g.uncertain(o.w):
+			o.alone = true
+			others = append(others, o)
+		default:
 			batch = append(batch, o.w)
 			keys[o.w.w.Key] = true
 		}
@@ -323,14 +339,20 @@ func (g *storeGate) stale(w *kvWrite) bool {
 func (g *storeGate) single(w *kvWrite) {
 	defer g.kv.Add(-1)
 	g.metrics.memberWrites("alone", 1)
-	performWrite(w)
+	if performWrite(w) {
+		g.uncertainMu.Lock()
+		delete(g.uncertainAt, w.w.Key)
+		g.uncertainMu.Unlock()
+	}
 }
 
-// performWrite performs w alone, within its deadline, and answers it.
-func performWrite(w *kvWrite) {
+// performWrite performs w alone, within its deadline, and answers it;
+// it reports whether the store's answer was definite (landed, or refused
+// as a conflict).
+func performWrite(w *kvWrite) (definite bool) {
 	timeout := time.Until(w.deadline)
 	if timeout <= 0 {
-		return // the member has already counted it as failed
+		return false // the member has already counted it as failed
 	}
 	ctx, cancel := context.WithTimeout(w.ctx, timeout)
 	defer cancel()
@@ -346,6 +368,7 @@ func performWrite(w *kvWrite) {
 		rev, err = w.kv.Update(ctx, w.w.Key, w.w.Value, w.w.Revision)
 	}
 	w.done(rev, err, time.Since(began))
+	return err == nil || errors.Is(err, events.ErrConflict)
 }
 
 // writeBatch sends batch as one atomic batch and answers every write of
@@ -402,9 +425,21 @@ func (g *storeGate) writeBatch(b events.KVBatcher, batch []*kvWrite) {
 			w.done(revs[i], nil, took)
 		}
 	case split:
-		// Nothing was written, and which write was refused is not said:
-		// halves until the single writes refused answer for themselves.
+		// Nothing was written, and which write was refused is not said.
+		// Writes the node's watch has seen replaced meanwhile are answered
+		// and the rest sent again whole; else halves, until the single
+		// writes refused answer for themselves.
 		g.metrics.batch("split")
+		kept := batch[:0:0]
+		for _, w := range batch {
+			if !g.stale(w) {
+				kept = append(kept, w)
+			}
+		}
+		if len(kept) < len(batch) {
+			g.writeBatch(b, kept)
+			return
+		}
 		half := len(batch) / 2
 		g.writeBatch(b, batch[:half])
 		g.writeBatch(b, batch[half:])
@@ -433,9 +468,54 @@ func (g *storeGate) writeBatch(b events.KVBatcher, batch []*kvWrite) {
 	default:
 		g.metrics.batch("failed")
 		for _, w := range batch {
+			g.markUncertain(w.w.Key)
 			w.done(0, err, took)
 		}
 	}
+}
+
+// uncertainFor is how long a key whose write may have landed unanswered
+// keeps its next writes out of batches (a few heartbeats: by then the
+// node's watch has delivered what landed, and stale answers for it).
+const uncertainFor = 5 * time.Second
+
+// markUncertain records that key's latest write failed without a
+// definite answer (a batch not answered by its deadline may still have
+// been committed).
+func (g *storeGate) markUncertain(key string) {
+	g.uncertainMu.Lock()
+	defer g.uncertainMu.Unlock()
+	if g.uncertainAt == nil {
+		g.uncertainAt = map[string]time.Time{}
+	}
+	now := time.Now()
+	if len(g.uncertainAt) > maxQueuedWrites {
+		for k, at := range g.uncertainAt {
+			if now.Sub(at) > uncertainFor {
+				delete(g.uncertainAt, k)
+			}
+		}
+	}
+	g.uncertainAt[key] = now
+}
+
+// uncertain reports whether w is a compare-and-set on a key whose latest
+// write may have landed unanswered: the member retries on the revision
+// before it, and if that write landed the retry is refused — alone it
+// costs one answer, in a batch it fails the batch, which is then halved
+// down to it. Such a write goes alone; its answer ends the uncertainty.
+func (g *storeGate) uncertain(w *kvWrite) bool {
+	if w.w.Put || w.w.Revision == 0 {
+		return false
+	}
+	g.uncertainMu.Lock()
+	defer g.uncertainMu.Unlock()
+	at, ok := g.uncertainAt[w.w.Key]
+	if ok && time.Since(at) > uncertainFor {
+		delete(g.uncertainAt, w.w.Key)
+		return false
+	}
+	return ok
 }
 
 // refusedWriters bounds the single writes of a refused batch in flight.

@@ -401,6 +401,157 @@ func TestStoreGateAnswersKnownStaleWritesWithoutTheStore(t *testing.T) {
 	waitNoKV(t, g)
 }
 
+// scriptedBatchKV runs hook before each batch (nil: none).
+type scriptedBatchKV struct {
+	*batchCountingKV
+	hook func(n int64, ws []events.KVWrite) error
+}
+
+func (k *scriptedBatchKV) WriteBatch(ctx context.Context, ws []events.KVWrite) ([]uint64, error) {
+	n := k.batches.Load()
+	if k.hook != nil {
+		if err := k.hook(n, ws); err != nil {
+			k.batches.Add(1)
+			return nil, err
+		}
+	}
+	return k.batchCountingKV.WriteBatch(ctx, ws)
+}
+
+// submitAll submits a compare-and-set per key (at its revision in revs)
+// while every worker is held, frees them, and returns the answers.
+func submitAll(t *testing.T, g *storeGate, kv events.KV, keys []string, revs map[string]uint64) map[string]error {
+	t.Helper()
+	hold := make(chan struct{})
+	for range maxMemberWrites {
+		g.submit(time.Now().Add(time.Minute), func() { <-hold })
+	}
+	var mu sync.Mutex
+	errs := map[string]error{}
+	var wg sync.WaitGroup
+	for _, key := range keys {
+		wg.Add(1)
+		g.submitWrite(&kvWrite{ctx: context.Background(), kv: kv, w: events.KVWrite{Key: key, Value: []byte("new"), Revision: revs[key]},
+			issueBy: time.Now().Add(time.Minute), deadline: time.Now().Add(2 * time.Minute),
+			done: func(_ uint64, err error, _ time.Duration) {
+				mu.Lock()
+				errs[key] = err
+				mu.Unlock()
+				wg.Done()
+			}})
+	}
+	close(hold)
+	wg.Wait()
+	return errs
+}
+
+// A batch refused for a conflict the node's watch has seen by then is not
+// halved: the write it names is answered, the rest sent again whole.
+func TestStoreGateResendsABatchWithoutTheWriteSeenStale(t *testing.T) {
+	g := countedGate()
+	defer g.stop()
+	mem := events.NewMemoryKV("kv", nil)
+	var keys []string
+	revs := map[string]uint64{}
+	for i := range 200 {
+		key := failover.LeaderKey(fmt.Sprintf("p%04d", i))
+		rev, err := mem.Put(context.Background(), key, []byte("old"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys, revs[key] = append(keys, key), rev
+	}
+	rival := keys[77]
+	var seenRival atomic.Uint64
+	seen := func(key string) uint64 {
+		if key == rival {
+			return seenRival.Load()
+		}
+		return 0
+	}
+	g.seen.Store(&seen)
+	kv := &scriptedBatchKV{batchCountingKV: &batchCountingKV{MemoryKV: mem}, hook: func(n int64, ws []events.KVWrite) error {
+		if n == 0 {
+			// A rival wrote the register before the first batch came;
+			// the watch delivers it while the batch is answered.
+			rev, err := mem.Put(context.Background(), rival, []byte("rival"))
+			if err != nil {
+				return err
+			}
+			seenRival.Store(rev)
+		}
+		return nil
+	}}
+	errs := submitAll(t, g, kv, keys, revs)
+	for key, err := range errs {
+		switch {
+		case key == rival && !errors.Is(err, events.ErrConflict):
+			t.Errorf("the write a rival beat: %v, want a conflict", err)
+		case key != rival && err != nil:
+			t.Errorf("%s: %v", key, err)
+		}
+	}
+	if splits, b := counterValue(t, g.metrics.batches, "split"), kv.batches.Load(); splits != 1 || b > 3 {
+		t.Errorf("%v splits, %d batches: want the refused batch sent again whole once, not halved", splits, b)
+	}
+	waitNoKV(t, g)
+}
+
+// A batch that failed without a definite answer (its deadline passed: it
+// may have been committed) leaves its keys uncertain: the members'
+// retries of them go alone, so that one that landed is refused alone,
+// not with a batch it would fail.
+func TestStoreGateSendsRetriesOfUnansweredBatchesAlone(t *testing.T) {
+	g := countedGate()
+	defer g.stop()
+	mem := events.NewMemoryKV("kv", nil)
+	var keys []string
+	revs := map[string]uint64{}
+	for i := range 50 {
+		key := failover.LeaderKey(fmt.Sprintf("p%04d", i))
+		rev, err := mem.Put(context.Background(), key, []byte("old"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys, revs[key] = append(keys, key), rev
+	}
+	var failing atomic.Bool
+	failing.Store(true)
+	kv := &scriptedBatchKV{batchCountingKV: &batchCountingKV{MemoryKV: mem}, hook: func(n int64, ws []events.KVWrite) error {
+		if failing.Load() {
+			return fmt.Errorf("events: batch of %d: %w", len(ws), context.DeadlineExceeded)
+		}
+		return nil
+	}}
+	first := submitAll(t, g, kv, keys, revs)
+	failing.Store(false)
+	uncertain := 0
+	for _, err := range first {
+		if errors.Is(err, context.DeadlineExceeded) {
+			uncertain++
+		}
+	}
+	if uncertain < len(keys)/2 {
+		t.Fatalf("%d of %d writes failed in an unanswered batch, want most (the rest went alone)", uncertain, len(keys))
+	}
+	singles, batches := kv.singles.Load(), kv.batches.Load()
+	var retried []string
+	for _, key := range keys {
+		if first[key] != nil {
+			retried = append(retried, key)
+		}
+	}
+	for key, err := range submitAll(t, g, kv, retried, revs) {
+		if err != nil {
+			t.Errorf("retry of %s: %v", key, err)
+		}
+	}
+	if alone, b := kv.singles.Load()-singles, kv.batches.Load()-batches; alone < int64(uncertain) || b != 0 {
+		t.Errorf("%d retries alone, %d batches: want the %d retries of unanswered writes alone, no batch", alone, b, uncertain)
+	}
+	waitNoKV(t, g)
+}
+
 // A store that refuses batches gets every write one at a time, and the
 // host hears of it once.
 func TestStoreGateWritesAloneWhenBatchesAreRefused(t *testing.T) {
