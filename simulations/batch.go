@@ -39,7 +39,12 @@ import (
 //
 // The slot, and the batch's turn, are held until the last part is
 // answered or the latest deadline of the batch's writes passes, whichever
-// comes first.
+// comes first; a part not answered by the earliest deadline of its writes
+// fails then, as the runtime's context ends (its writes answered failed,
+// its slot freed, its answer not read, the parts left after a split not
+// sent), and the store may still commit it. With that, the runtime's
+// rules for writes known stale or uncertain (fd9708f, abba055; see
+// staleWrite and uncertainWrite below).
 
 // HostBatchRuntime is the runtime host's batch size (events.MaxKVBatch).
 const HostBatchRuntime = events.MaxKVBatch
@@ -62,6 +67,17 @@ type batchJob struct {
 	lo, hi   int             // the part in flight: refs[lo:hi]
 	todo     [][2]int        // parts still to send, the next last
 	conflict bool            // the part in flight was refused whole: an expectation failed
+	// The part in flight: its send (0: none unanswered), its request, the
+	// slot it holds, its node's process, and its earliest deadline, past
+	// which the node gives up on it (failed, abandoned: its answer is not
+	// read).
+	sent      uint64
+	ref       int32
+	tok       uint64
+	node      int8
+	inc       uint32
+	partBy    time.Duration
+	abandoned bool
 }
 
 // parked is a write whose turn came while hostBatches batches flew: it
@@ -99,6 +115,15 @@ func (w *world) unpark(m *machine) {
 			delete(gt.held, p.tok)
 			continue
 		}
+		if w.staleWrite(m, p.x.ref) {
+			delete(gt.held, p.tok)
+			continue
+		}
+		if w.uncertainWrite(m, p.x.ref) {
+			w.count(cUncertain)
+			w.sendAlone(m, p.x, p.tok)
+			continue
+		}
 		w.sendBatch(m, p.x, p.tok)
 	}
 }
@@ -129,6 +154,13 @@ func (w *world) sendBatch(m *machine, x gated, tok uint64) {
 			kept = append(kept, y)
 			continue
 		}
+		if w.staleWrite(m, y.ref) {
+			continue
+		}
+		if w.uncertainWrite(m, y.ref) {
+			kept = append(kept, y) // alone, at its turn
+			continue
+		}
 		w.batchKeys[wr.Key] = struct{}{}
 		b.refs, b.by = append(b.refs, y.ref), append(b.by, y.by)
 	}
@@ -146,7 +178,16 @@ func (w *world) sendBatch(m *machine, x gated, tok uint64) {
 	if len(b.refs) > 1 {
 		w.count(cBatchSent)
 	}
+	w.partSent(m, bi, ref)
 	w.send(m, true, ref)
+}
+
+// sendAlone sends x on its own on slot tok, which it holds parked.
+func (w *world) sendAlone(m *machine, x gated, tok uint64) {
+	m.gates[gateWrites].held[tok] = slotAlone
+	w.msgs[x.ref].slot = tok
+	w.push(item{at: max(x.by, w.now+1), kind: evSlotDeadline, node: int8(m.idx), ref: gateWrites, gen: tok})
+	w.send(m, true, x.ref)
 }
 
 // newBatch returns the index of an empty batch.
@@ -171,6 +212,17 @@ func (w *world) freeBatchJob(bi int32) {
 // was lost, or its process is gone): their members count them failed at
 // their deadlines.
 func (w *world) dropBatch(bi int32) {
+	if b := &w.batches[bi]; b.sent != 0 && !b.abandoned {
+		// Its part in flight is lost: the node learns so at the part's
+		// deadline, and cannot tell whether it landed (rule 3).
+		if m := w.machines[b.node]; m.running && m.inc == b.inc {
+			for _, ref := range b.refs[b.lo:b.hi] {
+				if ref >= 0 {
+					w.markUncertain(m, ref, b.partBy)
+				}
+			}
+		}
+	}
 	for _, ref := range w.batches[bi].refs {
 		if ref >= 0 {
 			w.release(ref)
@@ -316,9 +368,30 @@ func (w *world) batchAnswered(m *machine, it item) {
 		return
 	}
 	bi := w.msgs[ref].batch - 1
+	if b := &w.batches[bi]; b.abandoned {
+		// The node gave up on it at its deadline (batchDeadline): its
+		// answer is not read, whatever landed.
+		w.release(ref)
+		return
+	}
+	w.batches[bi].sent = 0
 	if b := &w.batches[bi]; b.conflict {
 		b.conflict = false
 		w.count(cBatchSplit)
+		// Rule 2: the writes the node's watch has seen replaced are
+		// answered, and the rest sent again whole; if none is, halves.
+		stale := false
+		for i := b.lo; i < b.hi; i++ {
+			if r := b.refs[i]; r >= 0 && w.staleWrite(m, r) {
+				b.refs[i] = -1
+				stale = true
+			}
+		}
+		if stale {
+			b.todo = append(b.todo, [2]int{b.lo, b.hi})
+			w.batchNext(m, ref)
+			return
+		}
 		live := w.partLen(bi)
 		mid, seen := b.lo, 0
 		for ; seen < live/2; mid++ {
@@ -328,6 +401,15 @@ func (w *world) batchAnswered(m *machine, it item) {
 		}
 		b.todo = append(b.todo, [2]int{mid, b.hi}, [2]int{b.lo, mid})
 	} else {
+		if w.partLen(bi) == 1 {
+			// A part of one write went alone (the runtime's single):
+			// its definite answer ends its key's uncertainty.
+			for _, r := range b.refs[b.lo:b.hi] {
+				if r >= 0 {
+					w.answeredAlone(m, r)
+				}
+			}
+		}
 		for i, hi := b.lo, b.hi; i < hi; i++ {
 			r := w.batches[bi].refs[i]
 			if r < 0 {
@@ -372,10 +454,169 @@ func (w *world) batchNext(m *machine, ref int32) {
 		}
 		b.lo, b.hi = p[0], p[1]
 		w.msgs[ref].kind = mBatch
+		w.partSent(m, bi, ref)
 		w.send(m, true, ref)
 		return
 	}
 	tok := w.msgs[ref].slot
 	w.release(ref)
+	w.freeSlot(m, gateWrites, tok)
+}
+
+// The runtime's three rules for writes it knows stale or uncertain
+// (runtime/gate.go, fd9708f and abba055), found in a 10,000-pair node
+// death: a batch that misses its deadline may still commit; its members
+// retry on the revision before their own landed write, and that one
+// write fails a whole batch, halved eight times down to it.
+//   1. stale: a compare-and-set whose key the node's watch has delivered
+//      at a later revision than it expects is answered as a conflict at
+//      its turn, without the store (node leadership: the node's watch).
+//   2. a batch refused on a conflict answers its writes known stale and
+//      sends the rest again whole; only if none is, it is halved.
+//   3. uncertain: a part not answered by its earliest deadline fails (the
+//      runtime's context ends; its answer, if it comes, is not read) and
+//      its keys are uncertain for uncertainFor; a compare-and-set on an
+//      uncertain key goes alone, never in a batch, and a definite answer
+//      to a write gone alone (landed, or a conflict) ends it.
+
+// uncertainFor is how long a key stays uncertain (the runtime's).
+const uncertainFor = 5 * time.Second
+
+// registerWrite: a write of its pair's register.
+func registerWrite(wr *failover.Write) bool {
+	return wr.Kind == failover.WriteBeat || wr.Kind == failover.WriteAcquire || wr.Kind == failover.WriteRelease
+}
+
+// watchSeen records a register revision the machine's watch delivered to
+// pair's member (rule 1's seen).
+func (w *world) watchSeen(m *machine, pair int32, rev uint64, in failover.Input) {
+	if w.cfg.HostBatch <= 0 || !w.nodeMode {
+		return
+	}
+	if _, ok := in.(failover.LeaderObserved); !ok {
+		return
+	}
+	if m.regSeen == nil {
+		m.regSeen = make([]uint64, len(w.pairs))
+	}
+	m.regSeen[pair] = max(m.regSeen[pair], rev)
+}
+
+// staleWrite answers member write ref at once as a conflict, without the
+// store, when its node's watch has delivered its register at a revision
+// past the one it expects (rule 1); false: it goes on.
+func (w *world) staleWrite(m *machine, ref int32) bool {
+	mg := &w.msgs[ref]
+	wr := &mg.write
+	if m.regSeen == nil || w.cfg.HostBatchNoStaleRules || mg.pair < 0 || wr.Put || wr.ExpectRev == 0 || !registerWrite(wr) || m.regSeen[mg.pair] <= wr.ExpectRev {
+		return false
+	}
+	w.count(cStale)
+	out := w.refusal(m, ref, events.KVAPIError(false, codeWrongLast, descWrongLast))
+	mg.kind, mg.res, mg.slot, mg.batch = mWriteResult, out, 0, 0
+	w.push(item{at: w.now, kind: evDown, node: int8(m.idx), ref: ref})
+	return true
+}
+
+// markUncertain records that member write ref's key may have landed
+// unanswered, as of from (rule 3).
+func (w *world) markUncertain(m *machine, ref int32, from time.Duration) {
+	wr := &w.msgs[ref].write
+	if isLive(wr) {
+		return
+	}
+	if m.uncertain == nil {
+		m.uncertain = map[string]time.Duration{}
+	}
+	m.uncertain[wr.Key] = from
+}
+
+// uncertainWrite reports whether member write ref is a compare-and-set on
+// a key whose latest write may have landed unanswered: it goes alone
+// (rule 3).
+func (w *world) uncertainWrite(m *machine, ref int32) bool {
+	if len(m.uncertain) == 0 || w.cfg.HostBatchNoStaleRules {
+		return false
+	}
+	wr := &w.msgs[ref].write
+	if wr.Put || wr.ExpectRev == 0 {
+		return false
+	}
+	from, ok := m.uncertain[wr.Key]
+	if !ok || w.now < from {
+		return false
+	}
+	if w.now-from > uncertainFor {
+		delete(m.uncertain, wr.Key)
+		return false
+	}
+	return true
+}
+
+// answeredAlone: the answer to member write ref, gone alone, reached its
+// node; a definite one (landed, or a conflict) within its deadline ends
+// its key's uncertainty (the runtime's single).
+func (w *world) answeredAlone(m *machine, ref int32) {
+	mg := &w.msgs[ref]
+	if len(m.uncertain) == 0 || mg.kind != mWriteResult || (mg.res.Err != failover.WriteOK && mg.res.Err != failover.WriteConflict) ||
+		m.clk.local(w.now) > mg.write.Deadline {
+		return
+	}
+	delete(m.uncertain, mg.write.Key)
+}
+
+// partSent records that batch bi's part in flight went as request ref,
+// and sets its deadline: its earliest write's, as the runtime's context.
+func (w *world) partSent(m *machine, bi int32, ref int32) {
+	b := &w.batches[bi]
+	by := time.Duration(-1)
+	for i := b.lo; i < b.hi; i++ {
+		if b.refs[i] >= 0 && (by < 0 || b.by[i] < by) {
+			by = b.by[i]
+		}
+	}
+	w.tokens++
+	b.sent, b.ref, b.tok, b.node, b.inc, b.partBy = w.tokens, ref, w.msgs[ref].slot, int8(m.idx), m.inc, by
+	w.push(item{at: max(by, w.now+1), kind: evBatchDeadline, node: int8(m.idx), ref: bi, gen: b.sent})
+}
+
+// batchDeadline: batch bi's part sent as send gen has no answer by its
+// earliest deadline. The runtime's batch fails without a definite answer:
+// every write of it is answered failed, its keys are uncertain (rule 3),
+// its slot is freed and its answer, if it comes, is not read; the store
+// may still commit it. The parts left after a split are not sent (their
+// writes' turns are past in all but a few cases: the model drops them).
+func (w *world) batchDeadline(m *machine, bi int32, gen uint64) {
+	if int(bi) >= len(w.batches) {
+		return
+	}
+	b := &w.batches[bi]
+	if gen == 0 || b.sent != gen || b.inc != m.inc || !m.running {
+		return
+	}
+	w.count(cBatchLate)
+	b.sent, b.abandoned = 0, true
+	for i := b.lo; i < b.hi; i++ {
+		r := b.refs[i]
+		if r < 0 {
+			continue
+		}
+		w.markUncertain(m, r, w.now)
+		mg := &w.msgs[r]
+		res := failover.WriteResult{Op: mg.write.Op, Err: failover.WriteUnavailable, Cause: "context deadline exceeded (its batch was not answered in time)"}
+		a := w.alloc(msg{kind: mWriteResult, inc: mg.inc, res: res, pair: mg.pair})
+		w.push(item{at: w.now, kind: evDown, node: int8(m.idx), ref: a})
+	}
+	for _, p := range b.todo {
+		for i := p[0]; i < p[1]; i++ {
+			if r := b.refs[i]; r >= 0 && (i < b.lo || i >= b.hi) {
+				b.refs[i] = -1
+				w.release(r)
+			}
+		}
+	}
+	b.todo = b.todo[:0]
+	tok := b.tok
+	w.msgs[b.ref].slot = 0
 	w.freeSlot(m, gateWrites, tok)
 }

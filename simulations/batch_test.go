@@ -138,3 +138,65 @@ func TestHostBatchConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchedTakeoverLateCommits keeps the runtime's rules for writes it
+// knows stale or uncertain (batch.go, rules 1–3; fd9708f, abba055) in
+// TestBatchedTakeover's setting, the raises made once, with the
+// survivor's requests held for 1s as its takeover starts
+// (stall(site-b,up)@44.2s+1s): its first batches of acquires are
+// committed after their deadline, unanswered in time. Their members
+// retry on the revision before their own landed acquire. Without the
+// rules those retries fail whole batches, which are halved down to them
+// (14 splits, 848 failed acquires); with them no batch is split (392
+// retries answered stale from the node's watch, 320 sent alone as
+// uncertain; 456 failed acquires), and every pair is taken over.
+func TestBatchedTakeoverLateCommits(t *testing.T) {
+	faults, err := ParseFaults("crash(site-b)@1ms+20s;powercut(site-a)@40s;stall(site-b,up)@44.2s+1s", "site-a", "site-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Scenario: "power-cut", Seed: 1, Duration: 60 * time.Second, Leadership: LeadershipNode, Pairs: 1000,
+		StoreWriteTime: 1200 * time.Microsecond, HostWriteBound: HostWriteBoundRuntime, HostBatch: HostBatchRuntime, HostRaiseOnce: true,
+		Faults: faults, FaultsSet: true}
+
+	cfg.HostBatchNoStaleRules = true
+	before, err := Run(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := countOf(before, "host-batch-unanswered-by-deadline"); n == 0 {
+		t.Errorf("without the rules: no batch unanswered by its deadline; the stall no longer makes late commits")
+	}
+	if n := countOf(before, "host-batch-split-on-conflict"); n == 0 {
+		t.Errorf("without the rules: no batch split; the late commits no longer split batches in this setting")
+	}
+
+	cfg.HostBatchNoStaleRules = false
+	r, err := Run(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Failovers != cfg.Pairs {
+		t.Errorf("%d failovers, want %d", r.Failovers, cfg.Pairs)
+	}
+	if n := countOf(r, "host-batch-split-on-conflict"); n != 0 {
+		t.Errorf("%d batches split on a conflict, want none: every retry on a revision its own late write replaced is known stale or uncertain", n)
+	}
+	for _, name := range []string{"host-batch-unanswered-by-deadline", "host-write-stale-answered", "host-write-uncertain-alone"} {
+		if countOf(r, name) == 0 {
+			t.Errorf("%s = 0: the run no longer exercises it", name)
+		}
+	}
+	if a, b := countOf(r, "acquire-failed"), countOf(before, "acquire-failed"); a >= b {
+		t.Errorf("%d failed acquires with the rules, %d without; want fewer", a, b)
+	}
+	for _, v := range r.Violations {
+		t.Errorf("%+v", v)
+	}
+	for _, x := range []*Result{before, r} {
+		won, serving := takeoverSpan(x, 40*time.Second)
+		t.Logf("last taken %v, serving %v after the cut; %d splits, %d stale, %d alone as uncertain, %d batches late, %d failed acquires", won, serving,
+			countOf(x, "host-batch-split-on-conflict"), countOf(x, "host-write-stale-answered"), countOf(x, "host-write-uncertain-alone"),
+			countOf(x, "host-batch-unanswered-by-deadline"), countOf(x, "acquire-failed"))
+	}
+}

@@ -75,7 +75,10 @@ const (
 	cConflictForeign   // an append conflict's records after last were all foreign: skipped
 	// Batches of member KV writes (batch.go).
 	cBatchSent  // a node sent waiting member writes as one atomic batch
-	cBatchSplit // a batch was refused on a conflict and split in two
+	cBatchSplit // a batch was refused on a conflict (split in two, or sent again without the writes the watch showed stale)
+	cStale      // a compare-and-set on a register revision the node's watch had delivered replaced was answered as a conflict without the store (rule 1)
+	cUncertain  // a compare-and-set on a key whose latest write may have landed unanswered went alone, not in a batch (rule 3)
+	cBatchLate  // a batch part was not answered by its earliest write's deadline: failed without a definite answer, its keys uncertain
 	// Raises of a node's epoch made once (raise.go).
 	cRaiseJoined // a member's raise joined an identical raise of its node's, in flight or just answered
 	numCounters
@@ -146,6 +149,9 @@ var counterNames = [numCounters]string{
 	cConflictForeign:         "event-append-conflict-foreign-skipped",
 	cBatchSent:               "host-batch-sent",
 	cBatchSplit:              "host-batch-split-on-conflict",
+	cStale:                   "host-write-stale-answered",
+	cUncertain:               "host-write-uncertain-alone",
+	cBatchLate:               "host-batch-unanswered-by-deadline",
 	cRaiseJoined:             "epoch-raise-joined",
 }
 

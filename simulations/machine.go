@@ -48,6 +48,12 @@ type machine struct {
 
 	// HostWriteBound: its members' KV writes and appends in flight.
 	gates [2]gate
+	// HostBatch (batch.go): the latest register revision its watch
+	// delivered, by pair (node leadership: the runtime gate's seen), and
+	// the keys whose latest write may have landed unanswered, with when
+	// that became so (the gate's uncertainAt). A process has its own.
+	regSeen   []uint64
+	uncertain map[string]time.Duration
 	// HostRaiseOnce: the raises of other nodes' epochs it has in flight
 	// or just answered.
 	raises map[raiseKey]*raiseFlight
@@ -182,6 +188,7 @@ func (w *world) start(m *machine) {
 		w.liveHandle(m, m.live.Start(m.clk.local(w.now)))
 	}
 	m.watch, m.deliveredRev = false, 0
+	m.regSeen, m.uncertain = nil, nil
 	w.resync(m)
 	for _, s := range w.pairs {
 		s.armTick(s.nodes[m.idx])
@@ -357,6 +364,9 @@ func (w *world) atNode(m *machine, it item) {
 		return
 	}
 	if !m.paused {
+		if mg := &w.msgs[it.ref]; w.cfg.HostBatch > 0 && mg.slot != 0 && mg.inc == m.inc {
+			w.answeredAlone(m, it.ref)
+		}
 		w.answeredSlot(m, it.ref)
 	}
 	mg := &w.msgs[it.ref]
@@ -388,6 +398,7 @@ func (w *world) atNode(m *machine, it item) {
 		}
 		m.deliveredRev = rev
 		if n != nil {
+			w.watchSeen(m, s.pi, rev, in)
 			s.step(n, in)
 		} else {
 			w.deliverAll(m, in)

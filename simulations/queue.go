@@ -26,6 +26,7 @@ const (
 	evLiveTick                        // node leadership: a machine's liveness writer's timer (node, gen)
 	evStored                          // StoreWriteTime: the server has served a write that waited (ref)
 	evSlotDeadline                    // HostWriteBound: a request's deadline, its gate slot freed if held (node, ref = gate, gen = token)
+	evBatchDeadline                   // HostBatch: the earliest deadline of a batch part's writes, which fails it if unanswered (node, ref = batch, gen = its send)
 )
 
 // item is one entry of the event queue: ordered by (at, seq). It holds no

@@ -72,6 +72,11 @@ type Config struct {
 	// in one service time (0: one write per request, as before;
 	// the runtime's host: HostBatchRuntime; needs HostWriteBound; batch.go).
 	HostBatch int
+	// HostBatchNoStaleRules gives the batches the runtime's rules before
+	// fd9708f and abba055: no write answered as known stale, no key kept
+	// out of batches as uncertain (batch.go, rules 1–3; not a flag: no
+	// runtime does it; kept by TestBatchedTakeoverLateCommits).
+	HostBatchNoStaleRules bool
 	// HostRaiseOnce (node leadership): a node's members' raises of another
 	// node's epoch go outside its bound, identical ones as one write, as
 	// the runtime's host performs them (raise.go); false: each member's

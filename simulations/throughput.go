@@ -94,6 +94,9 @@ func (w *world) issue(m *machine, g int, ref int32, by time.Duration) {
 		gt.wait = append(gt.wait, gated{ref: ref, by: by, issueBy: issueBy})
 		return
 	}
+	if g == gateWrites && w.staleWrite(m, ref) {
+		return // its turn: known stale (batch.go, rule 1)
+	}
 	w.admit(m, g, ref, by)
 }
 
@@ -131,7 +134,15 @@ func (w *world) freeSlot(m *machine, g int, tok uint64) {
 			w.release(x.ref)
 			continue
 		}
+		if g == gateWrites && w.staleWrite(m, x.ref) {
+			continue // batch.go, rule 1
+		}
 		if g == gateWrites && len(gt.wait) > 0 && w.cfg.HostBatch > 1 && !isLive(&w.msgs[x.ref].write) {
+			if w.uncertainWrite(m, x.ref) {
+				w.count(cUncertain) // batch.go, rule 3: alone
+				w.admit(m, g, x.ref, x.by)
+				continue
+			}
 			w.batchTurn(m, x)
 			continue
 		}
@@ -165,6 +176,7 @@ func (w *world) resetGates(m *machine) {
 		}
 		m.gates[g] = gate{}
 	}
+	m.uncertain = nil
 }
 
 // countLivenessFailed counts, per member that counts it, a failed

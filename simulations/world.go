@@ -190,6 +190,13 @@ func (w *world) dispatch(it item) int32 {
 			return all
 		}
 		w.freeSlot(m, int(it.ref), it.gen)
+	case evBatchDeadline:
+		m := w.machines[it.node]
+		if m.paused {
+			m.deferred = append(m.deferred, it)
+			return all
+		}
+		w.batchDeadline(m, it.ref, it.gen)
 	case evDown:
 		p := w.msgs[it.ref].pair
 		w.atNode(w.machines[it.node], it)
@@ -373,6 +380,11 @@ func (w *world) wrongAtLeader(at int, pair int32, wr *failover.Write) bool {
 // the register or a liveness record, the key as the machine's own NATS
 // server reads it (a cut-off leader's is stale).
 func (w *world) refuseWrite(m *machine, ref int32, err error) {
+	w.reply(m, ref, w.refusal(m, ref, err))
+}
+
+// refusal is refuseWrite's answer to KV write ref, refused with err.
+func (w *world) refusal(m *machine, ref int32, err error) failover.WriteResult {
 	mg := &w.msgs[ref]
 	wr := &mg.write
 	out := failover.WriteResult{Op: wr.Op, Err: failover.WriteErrOf(err)}
@@ -402,7 +414,7 @@ func (w *world) refuseWrite(m *machine, ref int32, err error) {
 	default:
 		out.Cause = err.Error()
 	}
-	w.reply(m, ref, out)
+	return out
 }
 
 func (w *world) reply(m *machine, ref int32, out failover.WriteResult) {
