@@ -264,6 +264,16 @@ func (g *storeGate) drain(b events.KVBatcher) {
 		}
 		<-g.batches
 		for _, o := range run {
+			if o.alone {
+				// To the workers: a few hundred writes alone, one after
+				// another here, would pass their turn.
+				select {
+				case g.jobs <- o:
+				default:
+					go g.run(o)
+				}
+				continue
+			}
 			g.run(o)
 		}
 	}
