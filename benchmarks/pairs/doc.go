@@ -20,11 +20,16 @@
 // site-a embeds the NATS server and site-b connects to it (no -kill then:
 // killing site-a kills the store).
 //
-// The harness reads the registers with direct gets (multi_last), never
-// through a consumer: nats-server allows 1,000 consumers per stream by
-// default, and with per-pair leadership the members' own watches (one per
-// member) take all of them from 500 pairs on. Only the replay at the end
-// reads through consumers, after the members are stopped. -mode writes
+// With -mode node the harness follows the registers with one watch (one
+// consumer, as a node's): polling them with direct gets (multi_last,
+// 1,000 subjects a request) holds the bucket's stream against its writes
+// while each request is answered, and at 10,000 pairs the polls slowed
+// the start and the takeover they timed. Otherwise it reads them with
+// direct gets, never through a consumer: nats-server allows 1,000
+// consumers per stream by default, and with per-pair leadership the
+// members' own watches (one per member) take all of them from 500 pairs
+// on. The replay at the end reads through consumers, after the members
+// are stopped. -mode writes
 // `leadership: <mode>` into the member node files; without it no key is
 // written, which is what binaries before node leadership accept.
 //
