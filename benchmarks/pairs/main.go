@@ -9,7 +9,6 @@ import (
 	"io"
 	"maps"
 	"math"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -663,56 +662,36 @@ func round(v float64, digits int) float64 {
 // at addr, over d, to file.
 func profileCPU(ctx context.Context, addr string, d time.Duration, file string) error {
 	if addr == "" {
-		return errors.New("no pprof address in site-b's log (run with -pprof)")
+		return errors.New("no pprof address in the node's log (run with -pprof)")
 	}
-	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds())), nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("pprof answered %s", resp.Status)
-	}
-	f, err := os.Create(file)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds()))
+	return httpGet(ctx, url, d+30*time.Second, func(body io.Reader) error {
+		f, err := os.Create(file)
+		if err != nil {
+			return err
+		}
+		if _, err := io.Copy(f, body); err != nil {
+			f.Close()
+			return err
+		}
+		return f.Close()
+	})
 }
 
 // saveMetrics writes the understudy_store_ lines of the /metrics at addr
 // to file.
 func saveMetrics(ctx context.Context, addr, file string) error {
-	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	var keep []string
-	for _, l := range strings.Split(string(body), "\n") {
-		if strings.HasPrefix(l, "understudy_store_") {
-			keep = append(keep, l)
+	return httpGet(ctx, "http://"+addr+"/metrics", 20*time.Second, func(body io.Reader) error {
+		all, err := io.ReadAll(body)
+		if err != nil {
+			return err
 		}
-	}
-	return os.WriteFile(file, []byte(strings.Join(keep, "\n")+"\n"), 0o644)
+		var keep []string
+		for _, l := range strings.Split(string(all), "\n") {
+			if strings.HasPrefix(l, "understudy_store_") {
+				keep = append(keep, l)
+			}
+		}
+		return os.WriteFile(file, []byte(strings.Join(keep, "\n")+"\n"), 0o644)
+	})
 }

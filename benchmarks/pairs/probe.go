@@ -297,22 +297,33 @@ func scrapeMembers(ctx context.Context, addr string) (memberMetrics, error) {
 	if addr == "" {
 		return m, errors.New("no http address (yet)")
 	}
-	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	err := httpGet(ctx, "http://"+addr+"/metrics", 20*time.Second, m.parse)
+	return m, err
+}
+
+// httpGet gets url within d and hands fn the body of a 200 answer.
+func httpGet(ctx context.Context, url string, d time.Duration, fn func(io.Reader) error) error {
+	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return m, err
+		return err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return m, err
+		return err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		io.Copy(io.Discard, resp.Body)
-		return m, fmt.Errorf("/metrics: %s", resp.Status)
+		return fmt.Errorf("%s: %s", url, resp.Status)
 	}
-	sc := bufio.NewScanner(resp.Body)
+	return fn(resp.Body)
+}
+
+// parse reads the members' series from a /metrics body.
+func (m *memberMetrics) parse(body io.Reader) error {
+	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
@@ -349,7 +360,7 @@ func scrapeMembers(ctx context.Context, addr string) (memberMetrics, error) {
 			m.serving[pair] = true
 		}
 	}
-	return m, sc.Err()
+	return sc.Err()
 }
 
 // label returns a label's value from a Prometheus label list
