@@ -144,25 +144,8 @@ func TestJitterStaysInBounds(t *testing.T) {
 // moves to the second server, and moves back to the first once that one
 // answers again.
 func TestConnectDetectsDeadServerAndReturnsHome(t *testing.T) {
-	log, rec := newLogRecorder(t)
-	home, other := startEmbedded(t, log), startEmbedded(t, log)
-	proxy, err := NewFaultProxy(home.srv.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
 	const deadAfter = 600 * time.Millisecond
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	nc, err := Connect(ctx, ConnectOptions{
-		URL:       proxy.URL() + "," + other.ClientURL(),
-		Retry:     RetryConfig{Initial: 50 * time.Millisecond, Max: time.Second},
-		DeadAfter: deadAfter, HomeProbe: 100 * time.Millisecond, Name: "test",
-	}, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc, proxy, _, other, rec := connectThroughProxy(t, deadAfter, 100*time.Millisecond)
 	if got := nc.ConnectedUrl(); got != proxy.URL() {
 		t.Fatalf("connected to %s, want the first server of the list %s", got, proxy.URL())
 	}
@@ -208,25 +191,8 @@ func TestConnectDetectsDeadServerAndReturnsHome(t *testing.T) {
 // flight). Once it delivers nothing either, it is given up within
 // DeadAfter.
 func TestConnectKeepsABusyServerThatDelivers(t *testing.T) {
-	log, rec := newLogRecorder(t)
-	home, other := startEmbedded(t, log), startEmbedded(t, log)
-	proxy, err := NewFaultProxy(home.srv.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proxy.Close()
 	const deadAfter = 600 * time.Millisecond
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	nc, err := Connect(ctx, ConnectOptions{
-		URL:       proxy.URL() + "," + other.ClientURL(),
-		Retry:     RetryConfig{Initial: 50 * time.Millisecond, Max: time.Second},
-		DeadAfter: deadAfter, HomeProbe: -1, Name: "test",
-	}, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc, proxy, home, other, rec := connectThroughProxy(t, deadAfter, -1)
 	var got atomic.Int64
 	if _, err := nc.Subscribe("tick", func(*nats.Msg) { got.Add(1) }); err != nil {
 		t.Fatal(err)
@@ -275,6 +241,31 @@ func TestConnectKeepsABusyServerThatDelivers(t *testing.T) {
 	}
 	waitConnectedTo(t, nc, other.ClientURL(), 5*time.Second)
 	proxy.SetUpstreamHeld(false)
+}
+
+// connectThroughProxy connects with Connect to a server behind a fault
+// proxy, then to a second one: the proxied server first in the list.
+func connectThroughProxy(t *testing.T, deadAfter, homeProbe time.Duration) (nc *nats.Conn, proxy *FaultProxy, home, other *EmbeddedNATS, rec *logRecorder) {
+	t.Helper()
+	log, rec := newLogRecorder(t)
+	home, other = startEmbedded(t, log), startEmbedded(t, log)
+	proxy, err := NewFaultProxy(home.srv.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc, err = Connect(ctx, ConnectOptions{
+		URL:       proxy.URL() + "," + other.ClientURL(),
+		Retry:     RetryConfig{Initial: 50 * time.Millisecond, Max: time.Second},
+		DeadAfter: deadAfter, HomeProbe: homeProbe, Name: "test",
+	}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc, proxy, home, other, rec
 }
 
 // waitConnectedTo polls until nc is connected to url and returns when it was.
