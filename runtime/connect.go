@@ -141,12 +141,10 @@ func Connect(ctx context.Context, o ConnectOptions, log *slog.Logger) (*nats.Con
 		nats.ReconnectBufSize(-1),
 		nats.ReconnectToServer(home.pick),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			from, server := home.last()
-			switch {
-			case errors.Is(err, nats.ErrStaleConnection):
-				log.Warn("nats server not answering, moving to the next server", "url", from, "server", server,
-					"detect_within", deadAfter, "ping_interval", pingInterval(deadAfter), "error", err)
-			case err != nil:
+			// A server given up by deadWatch is logged there (err is nil:
+			// a forced reconnection); nats.go's own pings never run.
+			if err != nil {
+				from, server := home.last()
 				log.Warn("nats disconnected", "url", from, "server", server, "error", err)
 			}
 		}),
