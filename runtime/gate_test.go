@@ -488,21 +488,39 @@ func TestStoreGateResendsABatchWithoutTheWriteSeenStale(t *testing.T) {
 		}
 		return nil
 	}}
-	errs := submitAll(t, g, kv, keys, revs)
-	for key, err := range errs {
+	// One batch of all 200, as a batch slot's holder sends it.
+	writes := make([]events.KVWrite, len(keys))
+	for i, key := range keys {
+		writes[i] = events.KVWrite{Key: key, Value: []byte("new"), Revision: revs[key]}
+	}
+	errs := sendBatch(g, kv, writes)
+	for i, err := range errs {
 		switch {
-		case key == rival && !errors.Is(err, events.ErrConflict):
+		case keys[i] == rival && !errors.Is(err, events.ErrConflict):
 			t.Errorf("the write a rival beat: %v, want a conflict", err)
-		case key != rival && err != nil:
-			t.Errorf("%s: %v", key, err)
+		case keys[i] != rival && err != nil:
+			t.Errorf("%s: %v", keys[i], err)
 		}
 	}
-	// Once at most (the rival's write may have been one whose turn came
-	// with nothing waiting: alone, the store refuses it alone).
-	if splits := counterValue(t, g.metrics.batches, "split"); splits > 1 {
-		t.Errorf("%v splits: want the refused batch sent again whole once, not halved", splits)
+	if splits, b := counterValue(t, g.metrics.batches, "split"), kv.batches.Load(); splits != 1 || b != 2 {
+		t.Errorf("%v splits, %d batches: want the refused batch sent again whole once (2 batches), not halved", splits, b)
 	}
 	waitNoKV(t, g)
+}
+
+// sendBatch sends writes as one batch through g, as the holder of a batch
+// slot does, and returns each write's answer.
+func sendBatch(g *storeGate, kv events.KVBatcher, writes []events.KVWrite) []error {
+	errs := make([]error, len(writes))
+	batch := make([]*kvWrite, len(writes))
+	for i, w := range writes {
+		batch[i] = &kvWrite{ctx: context.Background(), kv: kv.(events.KV), w: w,
+			issueBy: time.Now().Add(time.Minute), deadline: time.Now().Add(2 * time.Minute),
+			done: func(_ uint64, err error, _ time.Duration) { errs[i] = err }}
+	}
+	g.kv.Add(int64(len(batch)))
+	g.writeBatch(kv, batch)
+	return errs
 }
 
 // A batch that failed without a definite answer (its deadline passed: it
@@ -674,6 +692,26 @@ func TestStoreGateBadKeyFailsAlone(t *testing.T) {
 		// (The bad key may be the one write whose turn came with nothing
 		// waiting behind it: alone, it fails alone all the same.)
 		t.Error("no write batched: the test did not batch")
+	}
+	waitNoKV(t, g)
+
+	// In one batch for sure, it is halved down to.
+	splits := counterValue(t, g.metrics.batches, "split")
+	writes := make([]events.KVWrite, n)
+	for i := range n {
+		writes[i] = events.KVWrite{Key: failover.LeaderKey(fmt.Sprintf("q%04d", i)), Value: []byte("v"), Put: true}
+	}
+	writes[bad].Key = "bad key"
+	for i, err := range sendBatch(g, kv, writes) {
+		switch {
+		case i == bad && !errors.Is(err, events.ErrInvalid):
+			t.Errorf("the bad key's write in one batch: %v, want ErrInvalid", err)
+		case i != bad && err != nil:
+			t.Errorf("write %d of the batch failed beside the bad key: %v", i, err)
+		}
+	}
+	if counterValue(t, g.metrics.batches, "split") == splits {
+		t.Error("the batch holding the bad key was not split")
 	}
 	waitNoKV(t, g)
 }
