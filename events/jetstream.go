@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"iter"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -43,9 +44,12 @@ type JetStreamLog struct {
 	stream jetstream.Stream
 	name   string
 	codec  *Registry
+	// atomic: the stream allows atomic batch publish (checked when
+	// opened); without it AppendBatch answers ErrBatchUnsupported.
+	atomic bool
 }
 
-var _ Log = (*JetStreamLog)(nil)
+var _ LogBatcher = (*JetStreamLog)(nil)
 
 // NewJetStreamLog returns the Log on the existing stream named stream,
 // encoding and decoding events with codec (kept, not copied).
@@ -65,7 +69,7 @@ func NewJetStreamLog(js jetstream.JetStream, stream string, codec *Registry) (*J
 		}
 		return nil, fmt.Errorf("events: look up stream %q: %w", stream, err)
 	}
-	return &JetStreamLog{js: js, stream: s, name: stream, codec: codec}, nil
+	return &JetStreamLog{js: js, stream: s, name: stream, codec: codec, atomic: s.CachedInfo().Config.AllowAtomicPublish}, nil
 }
 
 // Stream is the name of the underlying JetStream stream.
@@ -87,14 +91,7 @@ func (l *JetStreamLog) Append(ctx context.Context, subject string, ev Event, opt
 // as JetStream keeps them, Nats-Msg-Id and
 // Nats-Expected-Last-Subject-Sequence. data is not kept after the call.
 func (l *JetStreamLog) AppendRaw(ctx context.Context, subject string, data []byte, opts AppendOptions) (Ack, error) {
-	msg := &nats.Msg{Subject: subject, Data: data}
-	if len(opts.Headers) > 0 {
-		// Written directly, not with Header.Set, so keys keep their case.
-		msg.Header = make(nats.Header, len(opts.Headers)+2)
-		for k, v := range opts.Headers {
-			msg.Header[k] = []string{v}
-		}
-	}
+	msg := &nats.Msg{Subject: subject, Data: data, Header: appendHeaders(opts, 0)}
 	var pubOpts []jetstream.PublishOpt
 	if opts.ExpectSet {
 		pubOpts = append(pubOpts, jetstream.WithExpectLastSequencePerSubject(opts.ExpectLastSubjectSeq))
@@ -118,6 +115,62 @@ func (l *JetStreamLog) AppendRaw(ctx context.Context, subject string, data []byt
 		return Ack{}, fmt.Errorf("events: append to %q: stored in stream %q (sequence %d), not in %q; the subject belongs to another stream", subject, pa.Stream, pa.Sequence, l.name)
 	}
 	return Ack{Sequence: pa.Sequence, Duplicate: pa.Duplicate}, nil
+}
+
+// appendHeaders are an append's stored headers (opts.Headers; with
+// extra > 0, room for as many more), nil when there are none.
+func appendHeaders(opts AppendOptions, extra int) nats.Header {
+	if len(opts.Headers)+extra == 0 {
+		return nil
+	}
+	// Written directly, not with Header.Set, so keys keep their case.
+	h := make(nats.Header, len(opts.Headers)+extra)
+	for k, v := range opts.Headers {
+		h[k] = []string{v}
+	}
+	return h
+}
+
+// Batches implements LogBatcher.
+func (l *JetStreamLog) Batches() bool { return l.atomic }
+
+// AppendBatch implements LogBatcher with one JetStream atomic batch: each
+// append is a message on its subject with its headers, message id and
+// expectation, as AppendRaw sends it, plus the batch's; the server checks
+// every one before it stores any, and syncs the batch to disk once. The
+// stream must allow atomic publish (provisioning sets allow_atomic on
+// understudy's events stream). data is not kept after the call.
+func (l *JetStreamLog) AppendBatch(ctx context.Context, appends []LogAppend) ([]Ack, error) {
+	if err := CheckLogBatch(appends); err != nil {
+		return nil, err
+	}
+	what := fmt.Sprintf("batch of %d appends in stream %q", len(appends), l.name)
+	if !l.atomic {
+		return nil, fmt.Errorf("events: %s: %w (the stream does not allow atomic publish)", what, ErrBatchUnsupported)
+	}
+	msgs := make([]*nats.Msg, len(appends))
+	for i, a := range appends {
+		if err := memCheckSubject(a.Subject, false); err != nil {
+			return nil, err
+		}
+		m := &nats.Msg{Subject: a.Subject, Data: a.Data, Header: appendHeaders(a.Opts, 4)}
+		if a.Opts.ExpectSet {
+			m.Header[jetstream.ExpectedLastSubjSeqHeader] = []string{strconv.FormatUint(a.Opts.ExpectLastSubjectSeq, 10)}
+		}
+		if a.Opts.MsgID != "" {
+			m.Header[jetstream.MsgIDHeader] = []string{a.Opts.MsgID}
+		}
+		msgs[i] = m
+	}
+	seqs, err := publishBatch(ctx, l.js.Conn(), what, l.name, msgs)
+	if err != nil {
+		return nil, err
+	}
+	acks := make([]Ack, len(seqs))
+	for i, s := range seqs {
+		acks[i] = Ack{Sequence: s}
+	}
+	return acks, nil
 }
 
 // findRetried recognises the retry of an append that already landed. A

@@ -2,9 +2,6 @@ package events
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -94,25 +91,6 @@ func (k *JetStreamKV) Put(ctx context.Context, key string, value []byte) (uint64
 // allowed atomic batch publish when the KV was opened.
 func (k *JetStreamKV) Batches() bool { return k.atomic }
 
-// The atomic batch publish headers (NATS server 2.12 and later).
-const (
-	batchIDHeader     = "Nats-Batch-Id"
-	batchSeqHeader    = "Nats-Batch-Sequence"
-	batchCommitHeader = "Nats-Batch-Commit"
-)
-
-// JetStream error codes of atomic batches that mean nothing was written
-// and the writes may go one at a time: publish disabled on the stream
-// (10174), an incomplete batch (10176: a message of it was not received),
-// a batch larger than the server's max_batch_size (10199), too many
-// batches in flight (10210).
-const (
-	jsAtomicDisabled   = 10174
-	jsAtomicIncomplete = 10176
-	jsAtomicTooLarge   = 10199
-	jsAtomicInflight   = 10210
-)
-
 // WriteBatch implements KVBatcher with one JetStream atomic batch (on the
 // bucket's own subjects: a KV opened through a JetStream domain or API
 // prefix is not batched by understudy, which uses neither): every
@@ -134,60 +112,16 @@ func (k *JetStreamKV) WriteBatch(ctx context.Context, writes []KVWrite) ([]uint6
 			return nil, err
 		}
 	}
-	var idb [16]byte
-	_, _ = rand.Read(idb[:])
-	id := hex.EncodeToString(idb[:])
-	var resp *nats.Msg
+	msgs := make([]*nats.Msg, len(writes))
 	for i, w := range writes {
 		m := nats.NewMsg("$KV." + k.bucket + "." + w.Key)
 		m.Data = w.Value
-		m.Header.Set(batchIDHeader, id)
-		m.Header.Set(batchSeqHeader, strconv.Itoa(i+1))
 		if !w.Put {
 			m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(w.Revision, 10))
 		}
-		if i < len(writes)-1 {
-			// No reply: a message the server refuses fails the commit.
-			if err := k.nc.PublishMsg(m); err != nil {
-				return nil, fmt.Errorf("events: batch in bucket %q: %w: %w (nothing committed)", k.bucket, ErrBatchUnsupported, err)
-			}
-			continue
-		}
-		m.Header.Set(batchCommitHeader, "1")
-		var err error
-		if resp, err = k.nc.RequestMsgWithContext(ctx, m); err != nil {
-			if errors.Is(err, nats.ErrNoResponders) {
-				// No server took the commit (a stream leader being
-				// elected): nothing was written.
-				err = fmt.Errorf("%w: %w", ErrBatchUnsupported, err)
-			}
-			return nil, fmt.Errorf("events: batch of %d in bucket %q: %w", len(writes), k.bucket, err)
-		}
+		msgs[i] = m
 	}
-	var ack struct {
-		Error *jetstream.APIError `json:"error"`
-		Seq   uint64              `json:"seq"`
-		Batch string              `json:"batch"`
-		Count int                 `json:"count"`
-	}
-	if err := json.Unmarshal(resp.Data, &ack); err != nil {
-		return nil, fmt.Errorf("events: batch of %d in bucket %q: acknowledgement %q: %w", len(writes), k.bucket, resp.Data, err)
-	}
-	if ack.Error != nil {
-		switch ack.Error.ErrorCode {
-		case jsAtomicDisabled, jsAtomicIncomplete, jsAtomicTooLarge, jsAtomicInflight:
-			return nil, fmt.Errorf("events: batch of %d in bucket %q: %w: %w", len(writes), k.bucket, ErrBatchUnsupported, ack.Error)
-		}
-		return nil, fmt.Errorf("events: batch of %d in bucket %q: %w", len(writes), k.bucket, mapJetStreamError(ack.Error))
-	}
-	if ack.Batch != id || ack.Count != len(writes) || ack.Seq < uint64(len(writes)) {
-		return nil, fmt.Errorf("events: batch of %d in bucket %q: acknowledgement for batch %q of %d at %d", len(writes), k.bucket, ack.Batch, ack.Count, ack.Seq)
-	}
-	revs := make([]uint64, len(writes))
-	for i := range revs {
-		revs[i] = ack.Seq - uint64(len(writes)-1-i)
-	}
-	return revs, nil
+	return publishBatch(ctx, k.nc, fmt.Sprintf("batch of %d in bucket %q", len(writes), k.bucket), "", msgs)
 }
 
 // Delete implements KV.

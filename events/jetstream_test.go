@@ -170,6 +170,9 @@ func createLogStream(js jetstream.JetStream, persist jetstream.PersistModeType) 
 		Retention:   jetstream.LimitsPolicy,
 		Duplicates:  testDedupWindow,
 		PersistMode: persist,
+		// As provisioning does for understudy's events stream (the server
+		// refuses atomic batches on a stream not synced on every write).
+		AllowAtomicPublish: persist == jetstream.DefaultPersistMode,
 	})
 	return err
 }
@@ -967,6 +970,39 @@ func TestJetStreamBatchUnsupported(t *testing.T) {
 	}
 	if _, err := kvb.Get(ctx, "a.leader"); !errors.Is(err, events.ErrNotFound) {
 		t.Fatalf("a.leader after the refused batch: %v, want ErrNotFound", err)
+	}
+}
+
+// A log on a stream that takes no atomic batches (here: one not synced on
+// every write, where the server refuses them) says so and answers a batch
+// with ErrBatchUnsupported; so does one whose stream stopped allowing them
+// after it was opened, and nothing is stored.
+func TestJetStreamLogBatchUnsupported(t *testing.T) {
+	codec := testCodec(t)
+	bulk, _, _ := newBulkLog(t, codec)
+	if bulk.Batches() {
+		t.Fatal("Batches() on a stream without allow_atomic")
+	}
+	data, err := codec.Encode(&jsTestEvent{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := bulk.AppendBatch(ctx, []events.LogAppend{{Subject: "ev.a", Data: data}}); !errors.Is(err, events.ErrBatchUnsupported) {
+		t.Fatalf("AppendBatch on a stream without allow_atomic: %v, want ErrBatchUnsupported", err)
+	}
+
+	log, js, _ := newTestLog(t, codec)
+	if !log.Batches() {
+		t.Fatal("Batches() false on a stream allowing atomic publish")
+	}
+	allowAtomic(t, js, testStream, false)
+	if _, err := log.AppendBatch(ctx, []events.LogAppend{{Subject: "ev.a", Data: data}, {Subject: "ev.b", Data: data}}); !errors.Is(err, events.ErrBatchUnsupported) {
+		t.Fatalf("AppendBatch after allow_atomic was turned off: %v, want ErrBatchUnsupported", err)
+	}
+	if seq, err := log.LastSequence(ctx, "ev.a"); err != nil || seq != 0 {
+		t.Fatalf("ev.a after the refused batch: %d, %v; want nothing", seq, err)
 	}
 }
 

@@ -114,7 +114,7 @@ type MemoryLog struct {
 	changed       chan struct{} // closed and replaced by every append
 }
 
-var _ Log = (*MemoryLog)(nil)
+var _ LogBatcher = (*MemoryLog)(nil)
 
 // NewMemoryLog returns an empty log named name (the Stream of its records)
 // that stamps records with clock (nil: SystemClock) and encodes with codec.
@@ -183,6 +183,52 @@ func (l *MemoryLog) retriedLocked(subject string, opts AppendOptions) (Ack, bool
 	return Ack{}, false
 }
 
+// Batches implements LogBatcher: a memory log always takes batches.
+func (l *MemoryLog) Batches() bool { return true }
+
+// AppendBatch implements LogBatcher: every append is checked, as
+// JetStream checks a batch (its message id, then its expectation), before
+// any is stored.
+func (l *MemoryLog) AppendBatch(ctx context.Context, appends []LogAppend) ([]Ack, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := CheckLogBatch(appends); err != nil {
+		return nil, err
+	}
+	for _, a := range appends {
+		if err := memCheckSubject(a.Subject, false); err != nil {
+			return nil, err
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.expireDedupLocked(l.clock.Now().UTC())
+	ids := make(map[string]struct{}, len(appends))
+	for i, a := range appends {
+		if id := a.Opts.MsgID; id != "" {
+			_, stored := l.dedup[id]
+			_, twice := ids[id]
+			if stored || twice {
+				return nil, fmt.Errorf("%w: batch append %d on %q: message id %q", ErrBatchDuplicate, i, a.Subject, id)
+			}
+			ids[id] = struct{}{}
+		}
+		if last := l.lastBySubject[a.Subject]; a.Opts.ExpectSet && a.Opts.ExpectLastSubjectSeq != last {
+			return nil, fmt.Errorf("%w: batch append %d: subject %q is at sequence %d, append expected %d", ErrConflict, i, a.Subject, last, a.Opts.ExpectLastSubjectSeq)
+		}
+	}
+	acks := make([]Ack, len(appends))
+	for i, a := range appends {
+		ack, err := l.storeLocked(a.Subject, a.Data, a.Opts)
+		if err != nil {
+			return nil, err // unreachable: every append was checked under the lock
+		}
+		acks[i] = ack
+	}
+	return acks, nil
+}
+
 // store is the append state transition. The order of the checks is the
 // contract's: a MsgID seen within the window acks as a duplicate before any
 // expectation is looked at, so a retry whose first attempt landed is
@@ -194,6 +240,10 @@ func (l *MemoryLog) store(subject string, data []byte, opts AppendOptions) (Ack,
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.storeLocked(subject, data, opts)
+}
+
+func (l *MemoryLog) storeLocked(subject string, data []byte, opts AppendOptions) (Ack, error) {
 	now := l.clock.Now().UTC()
 	l.expireDedupLocked(now)
 	if opts.MsgID != "" {

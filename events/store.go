@@ -24,10 +24,16 @@ var (
 	// the store is unavailable for it; try again later. Never ErrConflict.
 	ErrInFlight = errors.New("events: unavailable: an earlier write to this subject is still being proposed")
 
-	// ErrBatchUnsupported: the KV takes no batch at the moment (a bucket
-	// provisioned before batches, or a server that has them off); nothing
-	// was written. Write one at a time.
-	ErrBatchUnsupported = errors.New("events: the bucket takes no atomic batches")
+	// ErrBatchUnsupported: the KV or Log takes no batch at the moment (a
+	// bucket or stream provisioned before batches, or a server that has
+	// them off); nothing was written. Write one at a time.
+	ErrBatchUnsupported = errors.New("events: the store takes no atomic batches here")
+
+	// ErrBatchDuplicate: an append of a batch carries a message id the
+	// stream has stored within its duplicate window, so the batch was
+	// refused and nothing was written. Which append is not said; alone,
+	// the same append is acknowledged as a duplicate (Ack.Duplicate).
+	ErrBatchDuplicate = errors.New("events: an append of the batch carries a message id already stored")
 
 	// ErrNotFound reports a key (KV) or sequence (Log) that does not exist.
 	ErrNotFound = errors.New("events: not found")
@@ -160,6 +166,52 @@ type Log interface {
 	Read(ctx context.Context, opts ReadOptions) iter.Seq2[Record, error]
 	// Codec returns the registry used to encode and decode events.
 	Codec() *Registry
+}
+
+// LogAppend is one append of a batch (LogBatcher.AppendBatch).
+type LogAppend struct {
+	Subject string
+	Data    []byte // an encoded envelope, as AppendRaw takes it
+	Opts    AppendOptions
+}
+
+// MaxLogBatch bounds the appends of one batch.
+const MaxLogBatch = MaxKVBatch
+
+// LogBatcher is a Log that appends on several subjects at once,
+// atomically: every append of a batch is stored, in order and at
+// consecutive sequences, or none is.
+type LogBatcher interface {
+	Log
+	// Batches reports whether AppendBatch may succeed (the stream allows
+	// atomic batches).
+	Batches() bool
+	// AppendBatch stores appends (1..MaxLogBatch of them, each subject at
+	// most once) and returns their acks. An append whose expectation
+	// fails fails the whole batch with an error wrapping ErrConflict; one
+	// whose message id the stream holds, with ErrBatchDuplicate; in both
+	// cases nothing is written and which append is not said (append them
+	// alone to find out, where the same rules as Append's answer). An
+	// error wrapping ErrBatchUnsupported says the stream takes no batches
+	// at the moment (nothing was written); any other error leaves the
+	// outcome unknown, as for any append.
+	AppendBatch(ctx context.Context, appends []LogAppend) ([]Ack, error)
+}
+
+// CheckLogBatch checks what every LogBatcher requires of a batch:
+// 1..MaxLogBatch appends, each subject at most once.
+func CheckLogBatch(appends []LogAppend) error {
+	if len(appends) == 0 || len(appends) > MaxLogBatch {
+		return fmt.Errorf("events: batch: a batch holds 1..%d appends, not %d", MaxLogBatch, len(appends))
+	}
+	seen := make(map[string]struct{}, len(appends))
+	for i, a := range appends {
+		if _, dup := seen[a.Subject]; dup {
+			return fmt.Errorf("events: batch append %d: subject %q is appended to twice in one batch (a subject at most once)", i, a.Subject)
+		}
+		seen[a.Subject] = struct{}{}
+	}
+	return nil
 }
 
 // Op is the kind of a KV entry.

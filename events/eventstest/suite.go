@@ -31,8 +31,9 @@ type Harness struct {
 	// DedupWindow is the duplicate window of NewLog's stream (0: JetStream's
 	// default of two minutes).
 	DedupWindow time.Duration
-	// Batches: NewKV's buckets are events.KVBatcher and take batches; Run
-	// checks WriteBatch's contract.
+	// Batches: NewKV's buckets are events.KVBatcher and NewLog's logs
+	// events.LogBatcher, and both take batches; Run checks WriteBatch's and
+	// AppendBatch's contracts.
 	Batches bool
 }
 
@@ -94,6 +95,14 @@ func Run(t *testing.T, h Harness) {
 		t.Run("ServerTimestamps", s.logTimestamps)
 		t.Run("Headers", s.logHeaders)
 		t.Run("AppendRawPreservesBytes", s.logAppendRaw)
+		if h.Batches {
+			t.Run("Batch", func(t *testing.T) {
+				t.Run("AllLandInOrder", s.logBatchLands)
+				t.Run("ConflictAppendsNothing", s.logBatchConflict)
+				t.Run("StoredIDAppendsNothing", s.logBatchDuplicate)
+				t.Run("SubjectTwiceRefused", s.logBatchSubjectTwice)
+			})
+		}
 	})
 	t.Run("KV", func(t *testing.T) {
 		t.Run("GetNotFound", s.kvGetNotFound)
@@ -1603,5 +1612,141 @@ func (s suite) batchWatched(t *testing.T) {
 		if e.Key != writes[i].Key || e.Revision != revs[i] {
 			t.Fatalf("delivery %d: %s, want %s@%d", i, show(e), writes[i].Key, revs[i])
 		}
+	}
+}
+
+// Batches (events.LogBatcher)
+
+func (s suite) logBatcher(t *testing.T) events.LogBatcher {
+	t.Helper()
+	b, ok := s.newLog(t).(events.LogBatcher)
+	if !ok {
+		t.Fatal("Harness.Batches is set but NewLog's log is no events.LogBatcher")
+	}
+	if !b.Batches() {
+		t.Fatal("Harness.Batches is set but NewLog's log says it takes no batches")
+	}
+	return b
+}
+
+// encoded is ev's envelope as the log's codec writes it.
+func encoded(t *testing.T, log events.Log, e events.Event) []byte {
+	t.Helper()
+	data, err := log.Codec().Encode(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// logBatchLands: an append with an expectation, one with a message id and
+// headers, and a plain one land together at consecutive sequences, in the
+// order given, each with what it carried.
+func (s suite) logBatchLands(t *testing.T) {
+	log := s.logBatcher(t)
+	first := mustAppend(t, log, "ev.a", ev("a0"), events.AppendOptions{})
+	acks, err := log.AppendBatch(opCtx(t), []events.LogAppend{
+		{Subject: "ev.a", Data: encoded(t, log, ev("a1")), Opts: events.Expect(first.Sequence)},
+		{Subject: "ev.b", Data: encoded(t, log, ev("b1")), Opts: events.AppendOptions{MsgID: "b-1", Headers: map[string]string{"Understudy-Test": "b"}}},
+		{Subject: "ev.c", Data: encoded(t, log, ev("c1"))},
+	})
+	if err != nil {
+		t.Fatalf("AppendBatch: %v", err)
+	}
+	if len(acks) != 3 || acks[0].Sequence != first.Sequence+1 || acks[1].Sequence != acks[0].Sequence+1 || acks[2].Sequence != acks[1].Sequence+1 {
+		t.Fatalf("AppendBatch acks %+v, want three consecutive sequences after %d", acks, first.Sequence)
+	}
+	for _, a := range acks {
+		if a.Duplicate {
+			t.Fatalf("AppendBatch acks %+v: a fresh append acked as a duplicate", acks)
+		}
+	}
+	recs := readAll(t, log, events.ReadOptions{FromSeq: acks[0].Sequence})
+	wantSeqs(t, "records of the batch", recs, acks[0].Sequence, acks[1].Sequence, acks[2].Sequence)
+	for i, subj := range []string{"ev.a", "ev.b", "ev.c"} {
+		if recs[i].Subject != subj {
+			t.Fatalf("record %d on %q, want %q", i, recs[i].Subject, subj)
+		}
+		got, err := log.Codec().DecodeRecord(recs[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if id := got.(*created).ID; id != subj[len("ev."):]+"1" {
+			t.Fatalf("record %d holds %q", i, id)
+		}
+	}
+	if recs[1].Headers["Understudy-Test"] != "b" || recs[1].Headers["Nats-Msg-Id"] != "b-1" {
+		t.Fatalf("record of the append with headers and an id: headers %v", recs[1].Headers)
+	}
+	if got := lastSeq(t, log, "ev.a"); got != acks[0].Sequence {
+		t.Fatalf("LastSequence(ev.a) = %d after the batch, want %d", got, acks[0].Sequence)
+	}
+	// The id is stored: the same append alone is its duplicate.
+	again, err := log.AppendRaw(opCtx(t), "ev.b", encoded(t, log, ev("b1")), events.AppendOptions{MsgID: "b-1"})
+	if err != nil || !again.Duplicate || again.Sequence != acks[1].Sequence {
+		t.Fatalf("the batch's append sent again alone: %+v, %v; want a duplicate of %d", again, err, acks[1].Sequence)
+	}
+}
+
+// logBatchConflict: one stale expectation fails the whole batch with
+// ErrConflict, and nothing of it is stored; alone, the other appends land.
+func (s suite) logBatchConflict(t *testing.T) {
+	log := s.logBatcher(t)
+	a := mustAppend(t, log, "ev.a", ev("a0"), events.AppendOptions{})
+	mustAppend(t, log, "ev.b", ev("b0"), events.AppendOptions{})
+	_, err := log.AppendBatch(opCtx(t), []events.LogAppend{
+		{Subject: "ev.a", Data: encoded(t, log, ev("a1")), Opts: events.AppendOptions{ExpectSet: true, ExpectLastSubjectSeq: a.Sequence, MsgID: "a-1"}},
+		{Subject: "ev.b", Data: encoded(t, log, ev("b1")), Opts: events.Expect(a.Sequence)}, // stale: ev.b is past it
+		{Subject: "ev.c", Data: encoded(t, log, ev("c1"))},
+	})
+	if !errors.Is(err, events.ErrConflict) {
+		t.Fatalf("AppendBatch with a stale expectation: %v, want ErrConflict", err)
+	}
+	last := lastSeq(t, log, "ev.b")
+	if got := lastSeq(t, log, "ev.c"); got != 0 {
+		t.Fatalf("ev.c at %d after the refused batch, want nothing", got)
+	}
+	next := mustAppend(t, log, "ev.a", ev("a1"), events.AppendOptions{ExpectSet: true, ExpectLastSubjectSeq: a.Sequence, MsgID: "a-1"})
+	if next.Duplicate || next.Sequence != last+1 {
+		t.Fatalf("the refused batch's first append alone: %+v, want a fresh append at %d (the batch stored nothing, not even its id)", next, last+1)
+	}
+}
+
+// logBatchDuplicate: an append whose message id the stream holds refuses
+// the batch with ErrBatchDuplicate, and nothing of it is stored.
+func (s suite) logBatchDuplicate(t *testing.T) {
+	log := s.logBatcher(t)
+	stored := mustAppend(t, log, "ev.a", ev("a0"), events.AppendOptions{MsgID: "a-0"})
+	_, err := log.AppendBatch(opCtx(t), []events.LogAppend{
+		{Subject: "ev.b", Data: encoded(t, log, ev("b1")), Opts: events.Expect(0)},
+		{Subject: "ev.a", Data: encoded(t, log, ev("a0")), Opts: events.AppendOptions{MsgID: "a-0"}},
+	})
+	if !errors.Is(err, events.ErrBatchDuplicate) {
+		t.Fatalf("AppendBatch holding a stored message id: %v, want ErrBatchDuplicate", err)
+	}
+	if got := lastSeq(t, log, "ev.b"); got != 0 {
+		t.Fatalf("ev.b at %d after the refused batch, want nothing", got)
+	}
+	if got := lastSeq(t, log, "ev.a"); got != stored.Sequence {
+		t.Fatalf("ev.a at %d after the refused batch, want %d", got, stored.Sequence)
+	}
+}
+
+// logBatchSubjectTwice: a batch appending twice to one subject is refused
+// before anything is stored (the second expectation could not be checked).
+func (s suite) logBatchSubjectTwice(t *testing.T) {
+	log := s.logBatcher(t)
+	_, err := log.AppendBatch(opCtx(t), []events.LogAppend{
+		{Subject: "ev.a", Data: encoded(t, log, ev("a1")), Opts: events.Expect(0)},
+		{Subject: "ev.a", Data: encoded(t, log, ev("a2"))},
+	})
+	if err == nil || errors.Is(err, events.ErrConflict) {
+		t.Fatalf("AppendBatch on one subject twice: %v, want a refusal (not a conflict)", err)
+	}
+	if _, err := log.AppendBatch(opCtx(t), nil); err == nil {
+		t.Fatal("AppendBatch of no append: no error")
+	}
+	if got := lastSeq(t, log, "ev.a"); got != 0 {
+		t.Fatalf("ev.a at %d after the refused batch, want nothing", got)
 	}
 }
