@@ -288,19 +288,25 @@ func (a *appender) run() {
 		}
 		err := func() error {
 			log := a.log
+			var queued *storeGate // the gate that queues and batches this appender's sends
+			var batcher events.LogBatcher
 			if g, ok := a.log.(boundedLog); ok {
-				// Its turn is awaited without a deadline (until the
-				// appender stops): the 5 s below is the store's to answer
-				// in, and an append that only waited for its turn is no
-				// failure to retry and report.
-				release, err := g.gate.appendTurn(ctx)
-				if err != nil {
-					return err
+				if b, ok := g.Log.(events.LogBatcher); ok {
+					queued, batcher, log = g.gate, b, b
+				} else {
+					// Its turn is awaited without a deadline (until the
+					// appender stops): the 5 s below is the store's to
+					// answer in, and an append that only waited for its
+					// turn is no failure to retry and report.
+					release, err := g.gate.appendTurn(ctx)
+					if err != nil {
+						return err
+					}
+					defer release()
+					log = g.Log
 				}
-				defer release()
-				log = g.Log
 			}
-			actx, acancel := context.WithTimeout(ctx, 5*time.Second)
+			actx, acancel := context.WithTimeout(ctx, appendTimeout)
 			defer acancel()
 			if !known {
 				seq, err := log.LastSequence(actx, a.subject)
@@ -313,12 +319,25 @@ func (a *appender) run() {
 			}
 			opts := events.Expect(last)
 			opts.MsgID = events.AppenderMsgID(a.subject, last+1, a.nonce, id)
-			if w := time.Since(born); w >= minQueued {
-				// It waited (behind others, or retried while NATS was out of
-				// reach): the record dates it when it happened.
-				opts.Headers = map[string]string{events.HeaderQueued: strconv.FormatInt(int64(w), 10)}
+			var ack events.Ack
+			var err error
+			if queued != nil {
+				// Queued for its turn (no deadline but the appender's
+				// stop), then sent with the gate's own, alone or batched;
+				// dated when it is sent.
+				data, eerr := log.Codec().Encode(ev)
+				if eerr != nil {
+					return eerr
+				}
+				ack, err = queued.appendQueued(ctx, batcher, events.LogAppend{Subject: a.subject, Data: data, Opts: opts}, born)
+			} else {
+				if w := time.Since(born); w >= minQueued {
+					// It waited (behind others, or retried while NATS was out of
+					// reach): the record dates it when it happened.
+					opts.Headers = map[string]string{events.HeaderQueued: strconv.FormatInt(int64(w), 10)}
+				}
+				ack, err = log.Append(actx, a.subject, ev, opts)
 			}
-			ack, err := log.Append(actx, a.subject, ev, opts)
 			if err != nil {
 				return err
 			}

@@ -61,6 +61,7 @@ type storeGate struct {
 	// none; nil: no node watch). See stale.
 	seen    atomic.Pointer[func(key string) uint64]
 	metrics *MemberMetrics // the node's (nil: none); the gate's only counts
+	aq      appendQueue    // member appends waiting for a turn (gate_appends.go)
 }
 
 // gateJob is one member KV write waiting in the gate: a kvWrite, or (in
@@ -106,7 +107,8 @@ const maxQueuedWrites = 1 << 16
 
 func newStoreGate() *storeGate {
 	return &storeGate{jobs: make(chan *gateJob, maxQueuedWrites), done: make(chan struct{}), appends: make(chan struct{}, maxAppends),
-		narrow: make(chan struct{}, appendsBesideWrites), batches: make(chan struct{}, maxBatches)}
+		narrow: make(chan struct{}, appendsBesideWrites), batches: make(chan struct{}, maxBatches),
+		aq: appendQueue{wake: make(chan struct{}, 1)}}
 }
 
 // submitWrite queues a member's KV write, to run on a worker after those
@@ -550,26 +552,34 @@ func (g *storeGate) priority() (release func()) {
 // appendTurn waits for an append's turn; release ends it.
 func (g *storeGate) appendTurn(ctx context.Context) (release func(), err error) {
 	g.pending.Add(1)
+	end, err := g.turn(ctx)
+	if err != nil {
+		g.pending.Add(-1)
+		return nil, err
+	}
+	return func() { end(); g.pending.Add(-1) }, nil
+}
+
+// turn waits for a turn to send appends (one, or a batch of them).
+func (g *storeGate) turn(ctx context.Context) (release func(), err error) {
 	select {
 	case g.appends <- struct{}{}:
 	case <-ctx.Done():
-		g.pending.Add(-1)
 		return nil, ctx.Err()
 	}
 	if g.kv.Load() == 0 {
-		return func() { <-g.appends; g.pending.Add(-1) }, nil
+		return func() { <-g.appends }, nil
 	}
-	// KV writes wait: the append goes only while fewer than
+	// KV writes wait: the turn comes only while fewer than
 	// appendsBesideWrites others fly beside them. (No polling for the
 	// writes' end: thousands of waiting appenders waking every few
 	// milliseconds starve the process. At most maxAppends wait here, and
-	// narrow turns last one append each.)
+	// narrow turns last one send each.)
 	select {
 	case g.narrow <- struct{}{}:
-		return func() { <-g.narrow; <-g.appends; g.pending.Add(-1) }, nil
+		return func() { <-g.narrow; <-g.appends }, nil
 	case <-ctx.Done():
 		<-g.appends
-		g.pending.Add(-1)
 		return nil, ctx.Err()
 	}
 }

@@ -329,7 +329,7 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 	gate := newStoreGate()
 	gate.metrics = opts.Metrics
 	gate.onRefused = func(err error) {
-		logger.Warn("the store did not take a batch of writes: members' writes go one at a time for a while (if the bucket lacks allow_atomic, provisioning sets it)",
+		logger.Warn("the store did not take a batch of writes: members' writes go one at a time for a while (if the bucket or the events stream lacks allow_atomic, provisioning sets it)",
 			"err", err, "retry_after", batchRetry)
 	}
 	h := &Host{Log: boundedLog{Log: evlog, gate: gate}, gate: gate, KV: kv, logger: logger, metrics: opts.Metrics,

@@ -81,6 +81,8 @@ type MemberMetrics struct {
 	stops        *prometheus.CounterVec
 	writes       *prometheus.CounterVec
 	batches      *prometheus.CounterVec
+	appends      *prometheus.CounterVec
+	appendBatch  *prometheus.CounterVec
 }
 
 // NewMemberMetrics registers the member metrics in reg.
@@ -126,8 +128,16 @@ func NewMemberMetrics(reg prometheus.Registerer) *MemberMetrics {
 			Name: "understudy_store_batches_total",
 			Help: "The node's atomic batches of member writes by outcome: landed, split (a conflict or a key in flight: halved), refused (the store took none: written one by one), failed (no answer by the earliest deadline, or another error).",
 		}, []string{"outcome"}),
+		appends: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "understudy_store_appends_total",
+			Help: "The node's member event appends by how they were sent: alone, batched (in an atomic batch of two or more that was answered).",
+		}, []string{"how"}),
+		appendBatch: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "understudy_store_append_batches_total",
+			Help: "The node's atomic batches of event appends by outcome: landed, split (a stale expectation or a stored message id: halved), refused (the stream took none: appended one by one), failed (no answer in time, or another error).",
+		}, []string{"outcome"}),
 	}
-	reg.MustRegister(m.writeLatency, m.degraded, m.serving, m.term, m.phase, m.failures, m.events, m.stops, m.writes, m.batches)
+	reg.MustRegister(m.writeLatency, m.degraded, m.serving, m.term, m.phase, m.failures, m.events, m.stops, m.writes, m.batches, m.appends, m.appendBatch)
 	return m
 }
 
@@ -135,6 +145,20 @@ func NewMemberMetrics(reg prometheus.Registerer) *MemberMetrics {
 func (m *MemberMetrics) memberWrites(how string, n int) {
 	if m != nil {
 		m.writes.WithLabelValues(how).Add(float64(n))
+	}
+}
+
+// appended counts n of the node's member appends sent how.
+func (m *MemberMetrics) appended(how string, n int) {
+	if m != nil {
+		m.appends.WithLabelValues(how).Add(float64(n))
+	}
+}
+
+// appendBatchOutcome counts one of the node's append batches by outcome.
+func (m *MemberMetrics) appendBatchOutcome(outcome string) {
+	if m != nil {
+		m.appendBatch.WithLabelValues(outcome).Inc()
 	}
 }
 

@@ -364,7 +364,7 @@ func versionAtLeast(v string, major, minor int) bool {
 // streamConfig is the stream the asset wants. For a KVBucket it is the one
 // nats.go's CreateKeyValue makes, so that comparisons see no false changes,
 // but for rollups (denied) and, when the server has them (atomic), atomic
-// batches (allowed).
+// batches (allowed, as on a Stream).
 func (a Asset) streamConfig(atomic bool) jetstream.StreamConfig {
 	maxBytes := a.MaxBytes
 	if maxBytes == 0 {
@@ -414,6 +414,9 @@ func (a Asset) streamConfig(atomic bool) jetstream.StreamConfig {
 		Replicas:          a.Replicas,
 		Duplicates:        a.Duplicates,
 		Discard:           a.Discard,
+		// A node's event appends go in atomic batches when many wait (a
+		// takeover of thousands of pairs): one disk sync per batch.
+		AllowAtomicPublish: atomic,
 	}
 }
 

@@ -331,6 +331,37 @@ func TestProvisionAdoptsEqualAssetsMadeElsewhere(t *testing.T) {
 	}
 }
 
+// An events stream provisioned by a version before append batches gets
+// allow_atomic at the next provisioning, and its log then takes batches.
+func TestProvisionAllowsAtomicAppendsOnAnOlderEventsStream(t *testing.T) {
+	log, _ := newLogRecorder(t)
+	js := jetStreamOf(t, startEmbedded(t, log))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	assets := DefaultAssets(testNames, 1)
+	evs := assets[2]
+	older := evs.streamConfig(true)
+	older.AllowAtomicPublish = false
+	if _, err := js.CreateStream(ctx, older); err != nil {
+		t.Fatal(err)
+	}
+	p, err := Provision(ctx, js, assets, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := p.Assets[2]
+	if got.Name != evs.Name || got.Outcome != Updated || len(got.Applied) != 1 || got.Applied[0].Field != "allow_atomic" {
+		t.Fatalf("events stream of an older version: %+v, want allow_atomic turned on only", got)
+	}
+	l, err := events.NewJetStreamLog(js, evs.Name, Codec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !l.Batches() {
+		t.Error("the provisioned events stream takes no batches")
+	}
+}
+
 // Answers of a cluster that is forming or electing are retried; the
 // others stop provisioning.
 func TestRetryableProvisionErrorsOfAFormingCluster(t *testing.T) {

@@ -1,0 +1,372 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"understudy/actors/failover"
+	"understudy/events"
+)
+
+// countingLog is a memory log that counts its sends, and may fail its
+// batches as a test scripts.
+type countingLog struct {
+	*events.MemoryLog
+	batches, alone atomic.Int64
+	mu             sync.Mutex
+	sizes          []int
+	failBatch      func([]events.LogAppend) error // nil: none fails
+	noBatches      bool
+}
+
+func newCountingLog() *countingLog {
+	return &countingLog{MemoryLog: events.NewMemoryLog("EV", nil, Codec())}
+}
+
+func (l *countingLog) Batches() bool { return !l.noBatches }
+
+func (l *countingLog) AppendBatch(ctx context.Context, as []events.LogAppend) ([]events.Ack, error) {
+	l.batches.Add(1)
+	l.mu.Lock()
+	l.sizes = append(l.sizes, len(as))
+	fail := l.failBatch
+	l.mu.Unlock()
+	if fail != nil {
+		if err := fail(as); err != nil {
+			return nil, err
+		}
+	}
+	return l.MemoryLog.AppendBatch(ctx, as)
+}
+
+func (l *countingLog) AppendRaw(ctx context.Context, subject string, data []byte, opts events.AppendOptions) (events.Ack, error) {
+	l.alone.Add(1)
+	return l.MemoryLog.AppendRaw(ctx, subject, data, opts)
+}
+
+// testAppend is an append of a heartbeat-recovered event on subject,
+// expecting the subject at last, under message id id.
+func testAppend(t *testing.T, subject string, last uint64, id string) events.LogAppend {
+	t.Helper()
+	data, err := Codec().Encode(&failover.HeartbeatRecovered{Term: 1, AfterFailures: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := events.Expect(last)
+	opts.MsgID = id
+	return events.LogAppend{Subject: subject, Data: data, Opts: opts}
+}
+
+// holdTurns takes every append turn of g; the returned function gives
+// them back.
+func holdTurns(t *testing.T, g *storeGate) (release func()) {
+	t.Helper()
+	var rels []func()
+	for range maxAppends {
+		r, err := g.turn(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		rels = append(rels, r)
+	}
+	return func() {
+		for _, r := range rels {
+			r()
+		}
+	}
+}
+
+func queuedAppends(g *storeGate) int {
+	g.aq.mu.Lock()
+	defer g.aq.mu.Unlock()
+	return len(g.aq.jobs)
+}
+
+func waitQueued(t *testing.T, g *storeGate, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); queuedAppends(g) < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d appends queued, want %d", queuedAppends(g), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+type appendOutcome struct {
+	ack events.Ack
+	err error
+}
+
+// queueAll queues appends concurrently and returns their outcomes once
+// every one is answered.
+func queueAll(g *storeGate, log events.LogBatcher, appends []events.LogAppend, born time.Time) func() []appendOutcome {
+	out := make([]appendOutcome, len(appends))
+	var wg sync.WaitGroup
+	for i, a := range appends {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ack, err := g.appendQueued(context.Background(), log, a, born)
+			out[i] = appendOutcome{ack, err}
+		}()
+	}
+	return func() []appendOutcome { wg.Wait(); return out }
+}
+
+// Appends waiting for a turn go together: 300 queued while every turn
+// was taken land in two atomic batches (256 and 44), each record on its
+// subject at its ack, dated by how long it waited.
+func TestStoreGateBatchesWaitingAppends(t *testing.T) {
+	g := countedGate()
+	defer g.stop()
+	log := newCountingLog()
+	release := holdTurns(t, g)
+	appends := make([]events.LogAppend, 300)
+	for i := range appends {
+		appends[i] = testAppend(t, fmt.Sprintf("ev.failover.p%03d.site-a", i), 0, fmt.Sprintf("id-%d", i))
+	}
+	born := time.Now()
+	wait := queueAll(g, log, appends, born)
+	waitQueued(t, g, len(appends))
+	time.Sleep(20 * time.Millisecond)
+	release()
+	out := wait()
+	for i, o := range out {
+		if o.err != nil || o.ack.Duplicate {
+			t.Fatalf("append %d: %+v, %v", i, o.ack, o.err)
+		}
+		rec, err := log.Record(context.Background(), o.ack.Sequence)
+		if err != nil || rec.Subject != appends[i].Subject || rec.Headers["Nats-Msg-Id"] != appends[i].Opts.MsgID {
+			t.Fatalf("append %d acked at %d: record %+v, %v", i, o.ack.Sequence, rec, err)
+		}
+		q, err := strconv.ParseInt(rec.Headers[events.HeaderQueued], 10, 64)
+		if err != nil || time.Duration(q) < 20*time.Millisecond {
+			t.Fatalf("append %d: queued header %q, want at least the 20 ms it waited", i, rec.Headers[events.HeaderQueued])
+		}
+	}
+	if b, a := log.batches.Load(), log.alone.Load(); b != 2 || a != 0 {
+		t.Fatalf("300 waiting appends sent in %d batches (sizes %v) and %d alone, want 2 batches", b, log.sizes, a)
+	}
+	if n := counterValue(t, g.metrics.appends, "batched"); n != 300 {
+		t.Fatalf("appends counted batched: %v, want 300", n)
+	}
+	if p := g.pending.Load(); p != 0 {
+		t.Fatalf("%d appends still counted pending after every one was answered", p)
+	}
+	// With turns free, an append goes alone at once.
+	if _, err := g.appendQueued(context.Background(), log, testAppend(t, "ev.failover.alone.site-a", 0, "alone"), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if a := log.alone.Load(); a != 1 {
+		t.Fatalf("an append with turns free: %d sent alone, want 1", a)
+	}
+}
+
+// sendJobs sends appends as the dispatcher sends what it took on one
+// turn, and returns their outcomes.
+func sendJobs(g *storeGate, log events.LogBatcher, appends []events.LogAppend) []appendOutcome {
+	jobs := make([]*appendJob, len(appends))
+	for i, a := range appends {
+		jobs[i] = &appendJob{ctx: context.Background(), log: log, a: a, born: time.Now(), done: make(chan appendResult, 1)}
+		g.pending.Add(1)
+	}
+	g.sendAppends(context.Background(), jobs)
+	out := make([]appendOutcome, len(jobs))
+	for i, j := range jobs {
+		r := <-j.done
+		out[i] = appendOutcome{r.ack, r.err}
+	}
+	return out
+}
+
+// A batch the store refuses whole is halved down to the append it
+// refused: the others land, a stale expectation is answered as a
+// conflict and a stored message id as the duplicate of its record, as
+// alone.
+func TestStoreGateSplitsARefusedAppendBatch(t *testing.T) {
+	g := countedGate()
+	defer g.stop()
+	log := newCountingLog()
+	ctx := context.Background()
+	stale := "ev.failover.p2.site-a"
+	if _, err := log.MemoryLog.AppendRaw(ctx, stale, []byte("x"), events.AppendOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	appends := make([]events.LogAppend, 8)
+	for i := range appends {
+		appends[i] = testAppend(t, fmt.Sprintf("ev.failover.p%d.site-a", i), 0, fmt.Sprintf("id-%d", i))
+	}
+	out := sendJobs(g, log, appends) // appends[2] expects 0 on a subject at 1
+	for i, o := range out {
+		switch {
+		case i == 2 && !errors.Is(o.err, events.ErrConflict):
+			t.Fatalf("the stale append: %+v, %v; want a conflict", o.ack, o.err)
+		case i != 2 && (o.err != nil || o.ack.Duplicate):
+			t.Fatalf("append %d: %+v, %v", i, o.ack, o.err)
+		}
+	}
+	// 8 refused → 4 refused + 4 landed → 2 refused + 2 landed → 1 + 1 alone.
+	if s, l, a := counterValue(t, g.metrics.appendBatch, "split"), counterValue(t, g.metrics.appendBatch, "landed"), log.alone.Load(); s != 3 || l != 2 || a != 2 {
+		t.Fatalf("splits %v, batches landed %v, alone %d; want 3, 2, 2", s, l, a)
+	}
+
+	// The retry of an append that landed (its id stored), batched.
+	retry := appends[5]
+	retry.Opts = events.AppendOptions{MsgID: retry.Opts.MsgID}
+	fresh := testAppend(t, "ev.failover.p9.site-a", 0, "id-9")
+	out = sendJobs(g, log, []events.LogAppend{fresh, retry})
+	if out[0].err != nil || out[0].ack.Duplicate {
+		t.Fatalf("the fresh append beside a retry: %+v, %v", out[0].ack, out[0].err)
+	}
+	if out[1].err != nil || !out[1].ack.Duplicate {
+		t.Fatalf("the retry of a stored append: %+v, %v; want its duplicate ack", out[1].ack, out[1].err)
+	}
+}
+
+// A batch not answered may have been stored: its appends are answered
+// with the error, and their retries go alone for uncertainFor, while
+// others still batch.
+func TestStoreGateSendsRetriesOfUnansweredAppendBatchesAlone(t *testing.T) {
+	g := countedGate()
+	defer g.stop()
+	log := newCountingLog()
+	unanswered := errors.New("nats: timeout")
+	log.failBatch = func([]events.LogAppend) error { return unanswered }
+	a, b := testAppend(t, "ev.failover.a.site-a", 0, "a"), testAppend(t, "ev.failover.b.site-a", 0, "b")
+	for _, o := range sendJobs(g, log, []events.LogAppend{a, b}) {
+		if !errors.Is(o.err, unanswered) {
+			t.Fatalf("an append of an unanswered batch: %+v, %v; want its error", o.ack, o.err)
+		}
+	}
+	log.failBatch = nil
+	if !g.appendUncertain(a.Subject) || !g.appendUncertain(b.Subject) || g.appendUncertain("ev.failover.c.site-a") {
+		t.Fatal("the subjects of an unanswered batch are not uncertain, or another is")
+	}
+	release := holdTurns(t, g)
+	c, d := testAppend(t, "ev.failover.c.site-a", 0, "c"), testAppend(t, "ev.failover.d.site-a", 0, "d")
+	wait := queueAll(g, log, []events.LogAppend{c, a, d}, time.Now())
+	waitQueued(t, g, 3)
+	release()
+	for i, o := range wait() {
+		if o.err != nil {
+			t.Fatalf("append %d: %v", i, o.err)
+		}
+	}
+	if n, alone := log.batches.Load(), log.alone.Load(); n != 2 || alone != 1 {
+		t.Fatalf("after the unanswered batch: %d batches (sizes %v), %d alone; want the retry alone and the other two batched", n, log.sizes, alone)
+	}
+}
+
+// A stream that refuses batches (allow_atomic off after the log opened)
+// is appended to one append at a time; the node is told once.
+func TestStoreGateAppendsAloneWhenBatchesAreRefused(t *testing.T) {
+	g := countedGate()
+	defer g.stop()
+	var told atomic.Int64
+	g.onRefused = func(error) { told.Add(1) }
+	log := newCountingLog()
+	log.failBatch = func([]events.LogAppend) error {
+		return fmt.Errorf("batch: %w", events.ErrBatchUnsupported)
+	}
+	release := holdTurns(t, g)
+	appends := make([]events.LogAppend, 10)
+	for i := range appends {
+		appends[i] = testAppend(t, fmt.Sprintf("ev.failover.p%d.site-a", i), 0, fmt.Sprintf("id-%d", i))
+	}
+	wait := queueAll(g, log, appends, time.Now())
+	waitQueued(t, g, len(appends))
+	release()
+	for i, o := range wait() {
+		if o.err != nil {
+			t.Fatalf("append %d: %v", i, o.err)
+		}
+	}
+	if n, a := log.batches.Load(), log.alone.Load(); n != 1 || a != 10 {
+		t.Fatalf("%d batches tried, %d appends alone; want the one refused batch, then 10 alone", n, a)
+	}
+	if told.Load() != 1 {
+		t.Fatalf("the node was told %d times of refused batches, want once", told.Load())
+	}
+}
+
+// An append whose appender stops while it waits for its turn is dropped,
+// never sent, and no longer counted pending.
+func TestStoreGateDropsAppendsOfStoppedAppenders(t *testing.T) {
+	g := countedGate()
+	defer g.stop()
+	log := newCountingLog()
+	release := holdTurns(t, g)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := g.appendQueued(ctx, log, testAppend(t, "ev.failover.gone.site-a", 0, "gone"), time.Now())
+		errc <- err
+	}()
+	waitQueued(t, g, 1)
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the stopped appender's append: %v", err)
+	}
+	release()
+	time.Sleep(50 * time.Millisecond)
+	if n := log.batches.Load() + log.alone.Load(); n != 0 || queuedAppends(g) != 0 || g.pending.Load() != 0 {
+		t.Fatalf("after the appender stopped: %d sends, %d queued, %d pending", n, queuedAppends(g), g.pending.Load())
+	}
+}
+
+// Appenders on a host's log queue in its gate: 40 members' events,
+// appended while the turns are taken, land in order on each subject, in
+// batches.
+func TestAppendersOnAHostBatchTheirEvents(t *testing.T) {
+	g := countedGate()
+	defer g.stop()
+	log := newCountingLog()
+	logger, _ := newLogRecorder(t)
+	release := holdTurns(t, g)
+	const members, each = 40, 3
+	apps := make([]*appender, members)
+	var landed sync.WaitGroup
+	for i := range apps {
+		apps[i] = newAppender(boundedLog{Log: log, gate: g}, failover.Subject(fmt.Sprintf("p%02d", i), "site-a"), logger)
+		apps[i].setLast(0)
+		landed.Add(each)
+		apps[i].onAppended = func(events.Event, events.Ack) { landed.Done() }
+		apps[i].start()
+		defer apps[i].stop()
+		for n := range each {
+			apps[i].add(&failover.HeartbeatRecovered{Term: 1, AfterFailures: n + 1})
+		}
+	}
+	waitQueued(t, g, members)
+	release()
+	landed.Wait()
+	ctx := context.Background()
+	for i, a := range apps {
+		var got []int
+		for rec, err := range log.Read(ctx, events.ReadOptions{Subject: a.subject}) {
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev, err := Codec().DecodeRecord(rec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, ev.(*failover.HeartbeatRecovered).AfterFailures)
+		}
+		if fmt.Sprint(got) != "[1 2 3]" {
+			t.Fatalf("member %d's events: %v, want [1 2 3] in order", i, got)
+		}
+	}
+	if b := log.batches.Load(); b < 1 || b > members {
+		t.Fatalf("%d batches for %d events of %d members", b, members*each, members)
+	}
+	if n := counterValue(t, g.metrics.appends, "batched"); n < members {
+		t.Fatalf("%v appends batched, want at least the %d that waited together", n, members)
+	}
+}
