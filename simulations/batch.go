@@ -62,6 +62,7 @@ const (
 // batchJob is one batch of a node: its writes, the part in flight, and
 // the parts still to send after a split.
 type batchJob struct {
+	g        int             // its gate: gateWrites (member KV writes), or gateAppends (appendbatch.go)
 	refs     []int32         // the writes in the order taken (-1: answered or dropped)
 	by       []time.Duration // each write's deadline
 	lo, hi   int             // the part in flight: refs[lo:hi]
@@ -212,7 +213,7 @@ func (w *world) freeBatchJob(bi int32) {
 // was lost, or its process is gone): their members count them failed at
 // their deadlines.
 func (w *world) dropBatch(bi int32) {
-	if b := &w.batches[bi]; b.sent != 0 && !b.abandoned {
+	if b := &w.batches[bi]; b.sent != 0 && !b.abandoned && b.g == gateWrites {
 		// Its part in flight is lost: the node learns so at the part's
 		// deadline, and cannot tell whether it landed (rule 3).
 		if m := w.machines[b.node]; m.running && m.inc == b.inc {
@@ -268,6 +269,10 @@ func (w *world) batchService(ref int32) time.Duration {
 // it forgets the batch.
 func (w *world) serveBatch(m *machine, ref int32) {
 	bi := w.msgs[ref].batch - 1
+	if w.batches[bi].g == gateAppends {
+		w.serveAppendBatch(m, ref)
+		return
+	}
 	part := w.part(bi, nil)
 	if len(part) == 1 {
 		s := w.pairs[w.msgs[part[0]].pair]
@@ -322,6 +327,9 @@ type fanned struct {
 // a whole when an expectation fails (a part of one write: as any write).
 func (w *world) proposeBatch(m *machine, ref int32, at int) ([]string, bool) {
 	bi := w.msgs[ref].batch - 1
+	if w.batches[bi].g == gateAppends {
+		return w.proposeAppendBatch(m, ref, at)
+	}
 	part := w.part(bi, nil)
 	inFlight, wrong := false, false
 	keys := make([]string, len(part))
@@ -375,7 +383,12 @@ func (w *world) batchAnswered(m *machine, it item) {
 		return
 	}
 	w.batches[bi].sent = 0
-	if b := &w.batches[bi]; b.conflict {
+	if b := &w.batches[bi]; b.conflict && b.g == gateAppends {
+		// Appends: halves, one after the other (appendbatch.go).
+		b.conflict = false
+		w.count(cAppendBatchSplit)
+		w.halve(bi)
+	} else if b.conflict {
 		b.conflict = false
 		w.count(cBatchSplit)
 		// Rule 2: the writes the node's watch has seen replaced are
@@ -392,16 +405,9 @@ func (w *world) batchAnswered(m *machine, it item) {
 			w.batchNext(m, ref)
 			return
 		}
-		live := w.partLen(bi)
-		mid, seen := b.lo, 0
-		for ; seen < live/2; mid++ {
-			if b.refs[mid] >= 0 {
-				seen++
-			}
-		}
-		b.todo = append(b.todo, [2]int{mid, b.hi}, [2]int{b.lo, mid})
+		w.halve(bi)
 	} else {
-		if w.partLen(bi) == 1 {
+		if w.partLen(bi) == 1 && b.g == gateWrites {
 			// A part of one write went alone (the runtime's single):
 			// its definite answer ends its key's uncertainty.
 			for _, r := range b.refs[b.lo:b.hi] {
@@ -458,9 +464,23 @@ func (w *world) batchNext(m *machine, ref int32) {
 		w.send(m, true, ref)
 		return
 	}
-	tok := w.msgs[ref].slot
+	tok, g := w.msgs[ref].slot, w.batches[bi].g
 	w.release(ref)
-	w.freeSlot(m, gateWrites, tok)
+	w.freeSlot(m, g, tok)
+}
+
+// halve puts batch bi's part in flight back as its two halves, the first
+// to be sent next.
+func (w *world) halve(bi int32) {
+	b := &w.batches[bi]
+	live := w.partLen(bi)
+	mid, seen := b.lo, 0
+	for ; seen < live/2; mid++ {
+		if b.refs[mid] >= 0 {
+			seen++
+		}
+	}
+	b.todo = append(b.todo, [2]int{mid, b.hi}, [2]int{b.lo, mid})
 }
 
 // The runtime's three rules for writes it knows stale or uncertain
@@ -592,6 +612,10 @@ func (w *world) batchDeadline(m *machine, bi int32, gen uint64) {
 	}
 	b := &w.batches[bi]
 	if gen == 0 || b.sent != gen || b.inc != m.inc || !m.running {
+		return
+	}
+	if b.g == gateAppends {
+		w.appendBatchDeadline(m, bi)
 		return
 	}
 	w.count(cBatchLate)

@@ -81,6 +81,11 @@ const (
 	cBatchLate  // a batch part was not answered by its earliest write's deadline: failed without a definite answer, its keys uncertain
 	// Raises of a node's epoch made once (raise.go).
 	cRaiseJoined // a member's raise joined an identical raise of its node's, in flight or just answered
+	// Batches of appends (appendbatch.go).
+	cAppendBatchSent  // a node sent waiting appends as one atomic batch (two or more)
+	cAppendBatched    // appends sent in those batches
+	cAppendBatchSplit // a batch of appends was refused (an expectation stale, a message id held) and halved
+	cAppendBatchLate  // a batch of appends was not answered by its earliest append's deadline: every append of it failed
 	numCounters
 )
 
@@ -153,6 +158,10 @@ var counterNames = [numCounters]string{
 	cUncertain:               "host-write-uncertain-alone",
 	cBatchLate:               "host-batch-unanswered-by-deadline",
 	cRaiseJoined:             "epoch-raise-joined",
+	cAppendBatchSent:         "host-batch-appends-sent",
+	cAppendBatched:           "host-batch-appends",
+	cAppendBatchSplit:        "host-batch-appends-split-on-conflict",
+	cAppendBatchLate:         "host-batch-appends-unanswered-by-deadline",
 }
 
 func (c counterID) String() string { return counterNames[c] }

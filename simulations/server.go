@@ -101,6 +101,9 @@ type Server struct {
 	bySubject map[string][]events.Record
 	mirrorOff bool
 	hdr       map[string]string // reused for HeaderQueued (AppendRaw reads it, keeps nothing)
+	// published: the message ids publish stored (a client that is not an
+	// appender), kept for good: appendable's check of a batch.
+	published map[string]struct{}
 }
 
 // NewServer returns a running server with empty stores.
@@ -295,6 +298,24 @@ func (s *Server) appendEvent(t time.Duration, subject string, data []byte, last 
 	return appendResult{seq: ack.Sequence, duplicate: ack.Duplicate, retried: ack.Duplicate && s.pastDedup(ack.Sequence), last: last, id: id}
 }
 
+// appendable reports whether appendEvent would store an append (its
+// arguments as appendEvent takes them) as a new record now: its expected
+// subject sequence holds and its message id is not one the stream may
+// hold. The atomic batch's check (events.LogBatcher); published ids are
+// kept past the dedup window, so it may refuse one JetStream would take,
+// never the reverse.
+func (s *Server) appendable(subject string, last uint64, known bool, id, event string) bool {
+	cur, _ := s.log.LastSequence(bg, subject)
+	if !known {
+		last, id = cur, msgID(subject, cur, id, event)
+	}
+	if cur != last {
+		return false
+	}
+	_, taken := s.published[id]
+	return !taken
+}
+
 // pastDedup reports whether the record at seq was stored a dedup window or
 // more ago: a duplicate ack naming it did not come from the window (an id
 // is remembered with its record's time) but from MemoryLog's recognition
@@ -312,6 +333,10 @@ func (s *Server) publish(t time.Duration, subject string, data []byte, id string
 	if err != nil {
 		panic(fmt.Sprintf("simulated server: publish %s: %v", subject, err))
 	}
+	if s.published == nil {
+		s.published = map[string]struct{}{}
+	}
+	s.published[id] = struct{}{}
 	s.logSeq = max(s.logSeq, ack.Sequence)
 	s.mirror(ack)
 	return ack

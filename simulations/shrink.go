@@ -149,6 +149,9 @@ func Command(cfg Config, pairConfig string) string {
 	if cfg.HostBatch > 0 {
 		b.WriteString(" --host-batch ")
 		b.WriteString(strconv.Itoa(cfg.HostBatch))
+		if cfg.HostBatchNoAppends {
+			b.WriteString(" --host-batch-no-appends")
+		}
 	}
 	if cfg.HostRaiseOnce {
 		b.WriteString(" --host-raise-once")

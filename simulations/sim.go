@@ -77,6 +77,11 @@ type Config struct {
 	// out of batches as uncertain (batch.go, rules 1–3; not a flag: no
 	// runtime does it; kept by TestBatchedTakeoverLateCommits).
 	HostBatchNoStaleRules bool
+	// HostBatchNoAppends keeps a node's event appends one per request
+	// with HostBatch (appendbatch.go): the runtime's host before it sent
+	// waiting appends as one atomic batch too (--host-batch-no-appends,
+	// for comparison).
+	HostBatchNoAppends bool
 	// HostRaiseOnce (node leadership): a node's members' raises of another
 	// node's epoch go outside its bound, identical ones as one write, as
 	// the runtime's host performs them (raise.go); false: each member's
@@ -146,6 +151,13 @@ type Result struct {
 	// publishing its value, an acquire, a release) members asked for in
 	// the run, issued or not.
 	RegisterWrites int `json:"register_writes,omitempty"`
+	// StoreWrites (with a store service time): the writes the store
+	// served, one service time each — a KV write, an append, a batch of
+	// either. StoreAppendWrites: of those, the appends and the batches of
+	// appends; StoreAppends: the appends they carried.
+	StoreWrites       int `json:"store_writes,omitempty"`
+	StoreAppendWrites int `json:"store_append_writes,omitempty"`
+	StoreAppends      int `json:"store_appends,omitempty"`
 }
 
 // Outage is a stretch with no database available: from a stop's start (a
@@ -218,7 +230,7 @@ const (
 	mAppendAck
 	mStep
 	mProcResult
-	mBatch       // a node's batch of member KV writes (batch.go)
+	mBatch       // a node's batch of member KV writes (batch.go) or of appends (appendbatch.go)
 	mBatchResult // its answer
 )
 
@@ -247,7 +259,7 @@ type msg struct {
 	sent    time.Duration  // mWrite: when it was sent
 	seq     uint64         // mAppendAck
 	slot    uint64         // mWrite, mAppend, mBatch and their answers: the token of its node's gate slot (0: none)
-	batch   int32          // mWrite and its answer in a batch, mBatch, mBatchResult: 1 + the index of the batch (0: none)
+	batch   int32          // mWrite, mAppend and their answers in a batch, mBatch, mBatchResult: 1 + the index of the batch (0: none)
 	run     uint64         // mStep
 	chain   procedure.ChainKind
 	final   bool // mStep: the last step of its chain

@@ -30,10 +30,12 @@ type SwarmConfig struct {
 	// nodes' bound on writes in flight (see Config).
 	StoreWriteTime time.Duration
 	HostWriteBound int
-	// HostBatch and HostRaiseOnce: the nodes' batches of waiting member
-	// writes, and their raises made once (see Config).
-	HostBatch     int
-	HostRaiseOnce bool
+	// HostBatch, HostBatchNoAppends and HostRaiseOnce: the nodes' batches
+	// of waiting member KV writes and appends, and their raises made once
+	// (see Config).
+	HostBatch          int
+	HostBatchNoAppends bool
+	HostRaiseOnce      bool
 	// Workers is how many simulations run at once; default GOMAXPROCS.
 	Workers int
 	// ShrinkBudget bounds the runs spent minimising each failing seed's
@@ -85,7 +87,7 @@ func (c SwarmConfig) SeedConfig(seed uint64) Config {
 		sc = "random"
 	}
 	return Config{Scenario: sc, Seed: seed, Duration: d, Rules: c.Rules, AllowUnsafe: c.AllowUnsafe, Fsync: c.Fsync, Leadership: c.Leadership, Pairs: c.Pairs,
-		StoreWriteTime: c.StoreWriteTime, HostWriteBound: c.HostWriteBound, HostBatch: c.HostBatch, HostRaiseOnce: c.HostRaiseOnce}
+		StoreWriteTime: c.StoreWriteTime, HostWriteBound: c.HostWriteBound, HostBatch: c.HostBatch, HostBatchNoAppends: c.HostBatchNoAppends, HostRaiseOnce: c.HostRaiseOnce}
 }
 
 // Swarm runs c.Seeds independent simulations on c.Workers goroutines (each

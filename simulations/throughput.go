@@ -35,6 +35,9 @@ type gate struct {
 	// worker) until a batch's turn frees.
 	batches int
 	parked  []parked
+	// Appends with HostBatch (appendbatch.go): the turns taken while the
+	// node's member KV writes waited or flew (slotNarrow).
+	narrow int
 }
 
 // slotKind is what holds a gate slot.
@@ -42,8 +45,12 @@ type slotKind uint8
 
 const (
 	slotAlone  slotKind = iota // a request on its own
-	slotBatch                  // a batch of member writes
+	slotBatch                  // a batch of member writes, or of appends
 	slotParked                 // a write waiting for a batch's turn
+
+	// slotNarrow marks an append turn taken while member KV writes
+	// waited or flew (appendbatch.go): one of appendsBesideWrites.
+	slotNarrow slotKind = 1 << 7
 )
 
 type gated struct {
@@ -64,13 +71,21 @@ func (w *world) storeQueue(it item) bool {
 		return false
 	}
 	service := w.cfg.StoreWriteTime
-	switch w.msgs[it.ref].kind {
-	case mWrite, mAppend:
+	switch mg := &w.msgs[it.ref]; mg.kind {
+	case mWrite:
+	case mAppend:
+		w.storeAppendWrites++
+		w.storeAppends++
 	case mBatch:
 		service = w.batchService(it.ref)
+		if w.batches[mg.batch-1].g == gateAppends {
+			w.storeAppendWrites++
+			w.storeAppends += w.partLen(mg.batch - 1)
+		}
 	default:
 		return false
 	}
+	w.storeWrites++
 	done := max(w.now, w.storeFree) + service
 	w.storeFree = done
 	it.kind, it.at = evStored, done
@@ -86,7 +101,7 @@ func (w *world) issue(m *machine, g int, ref int32, by time.Duration) {
 		return
 	}
 	gt := &m.gates[g]
-	if len(gt.held) >= w.cfg.HostWriteBound || len(gt.wait) > 0 {
+	if !w.turnFree(m, g) || len(gt.wait) > 0 {
 		issueBy := by
 		if g == gateWrites && !w.cfg.HostIssueLate {
 			issueBy = w.now + (by-w.now)/2
@@ -101,13 +116,9 @@ func (w *world) issue(m *machine, g int, ref int32, by time.Duration) {
 }
 
 func (w *world) admit(m *machine, g int, ref int32, by time.Duration) {
-	gt := &m.gates[g]
-	if gt.held == nil {
-		gt.held = map[uint64]slotKind{}
-	}
 	w.tokens++
 	tok := w.tokens
-	gt.held[tok] = slotAlone
+	w.take(m, g, tok, slotAlone)
 	w.msgs[ref].slot = tok
 	w.push(item{at: max(by, w.now+1), kind: evSlotDeadline, node: int8(m.idx), ref: int32(g), gen: tok})
 	w.send(m, true, ref)
@@ -122,11 +133,27 @@ func (w *world) freeSlot(m *machine, g int, tok uint64) {
 		return
 	}
 	delete(gt.held, tok)
+	if kind&slotNarrow != 0 {
+		kind &^= slotNarrow
+		gt.narrow--
+	}
 	if kind == slotBatch {
 		gt.batches--
-		w.unpark(m)
+		if g == gateWrites {
+			w.unpark(m)
+		}
 	}
-	for len(gt.wait) > 0 && len(gt.held) < w.cfg.HostWriteBound {
+	w.turns(m, g)
+	if g == gateWrites && w.appendBatches() && !w.kvBusy(m) {
+		w.turns(m, gateAppends) // the appends' narrow turns end
+	}
+}
+
+// turns issues what waits at one of a node's gates while it has turns
+// free, dropping what waited past its deadline.
+func (w *world) turns(m *machine, g int) {
+	gt := &m.gates[g]
+	for len(gt.wait) > 0 && w.turnFree(m, g) {
 		x := gt.wait[0]
 		gt.wait = gt.wait[1:]
 		if w.now >= x.by || w.now > x.issueBy {
@@ -146,8 +173,43 @@ func (w *world) freeSlot(m *machine, g int, tok uint64) {
 			w.batchTurn(m, x)
 			continue
 		}
+		if g == gateAppends && len(gt.wait) > 0 && w.appendBatches() {
+			w.sendAppendBatch(m, x) // appendbatch.go
+			continue
+		}
 		w.admit(m, g, x.ref, x.by)
 	}
+}
+
+// turnFree reports whether a node's gate g has a turn free: a slot
+// under its bound, and for an append with HostBatch, while the node's
+// member KV writes wait or fly, one of appendsBesideWrites.
+func (w *world) turnFree(m *machine, g int) bool {
+	gt := &m.gates[g]
+	if len(gt.held) >= w.cfg.HostWriteBound {
+		return false
+	}
+	return g == gateWrites || !w.appendBatches() || gt.narrow < appendsBesideWrites || !w.kvBusy(m)
+}
+
+// kvBusy: a node's member KV writes wait or fly.
+func (w *world) kvBusy(m *machine) bool {
+	gw := &m.gates[gateWrites]
+	return len(gw.held) > 0 || len(gw.wait) > 0
+}
+
+// take gives slot tok of a node's gate g to a request (kind), marked
+// narrow when it is an append turn taken beside member KV writes.
+func (w *world) take(m *machine, g int, tok uint64, kind slotKind) {
+	gt := &m.gates[g]
+	if gt.held == nil {
+		gt.held = map[uint64]slotKind{}
+	}
+	if g == gateAppends && w.appendBatches() && w.kvBusy(m) {
+		kind |= slotNarrow
+		gt.narrow++
+	}
+	gt.held[tok] = kind
 }
 
 // answeredSlot frees the slot of a request whose answer reached its node.
@@ -157,7 +219,7 @@ func (w *world) answeredSlot(m *machine, ref int32) {
 		return
 	}
 	g := gateWrites
-	if mg.kind == mAppendAck {
+	if mg.kind == mAppendAck || (mg.kind == mBatchResult && mg.batch != 0 && w.batches[mg.batch-1].g == gateAppends) {
 		g = gateAppends
 	}
 	tok := mg.slot

@@ -75,6 +75,9 @@ type world struct {
 	batchFan  []fanned // the watch deliveries of a batch's writes, sent beside its answer
 	regTail   int      // node leadership: register writes asked for in the run's last tailWindow
 	regWrites int      // node leadership: register writes asked for
+	// StoreWriteTime: the writes the store served (Result.StoreWrites),
+	// those of appends, and the appends they carried.
+	storeWrites, storeAppendWrites, storeAppends int
 }
 
 // multi: the run has several pairs (names in traces and violations).
@@ -299,17 +302,27 @@ func (w *world) serve(m *machine, ref int32) {
 	case mBatch:
 		w.serveBatch(m, ref)
 	case mAppend:
-		s := w.pairs[mg.pair]
-		n := s.nodes[m.idx]
-		res := w.server.appendEvent(w.now, n.apps[mg.stream].subject, mg.data, mg.last, mg.known, mg.queued, mg.id, mg.event)
-		if res.code == 0 && !res.duplicate {
-			s.eventLanded(n, int(mg.stream), mg.mark, res.seq, mg.queued)
-		}
-		*mg = msg{kind: mAppendAck, inc: mg.inc, stream: mg.stream, attempt: mg.attempt, seq: res.seq, code: res.code, dup: res.duplicate, retried: res.retried, last: res.last, id: res.id, pair: mg.pair, slot: mg.slot}
-		w.send(m, false, ref)
+		w.serveAppend(m, ref)
 	default:
 		w.release(ref)
 	}
+}
+
+// serveAppend has the stream leader carry out append ref and answers it
+// (in a batch, the batch's answer carries it: appendbatch.go).
+func (w *world) serveAppend(m *machine, ref int32) {
+	mg := &w.msgs[ref]
+	s := w.pairs[mg.pair]
+	n := s.nodes[m.idx]
+	res := w.server.appendEvent(w.now, n.apps[mg.stream].subject, mg.data, mg.last, mg.known, mg.queued, mg.id, mg.event)
+	if res.code == 0 && !res.duplicate {
+		s.eventLanded(n, int(mg.stream), mg.mark, res.seq, mg.queued)
+	}
+	*mg = msg{kind: mAppendAck, inc: mg.inc, stream: mg.stream, attempt: mg.attempt, seq: res.seq, code: res.code, dup: res.duplicate, retried: res.retried, last: res.last, id: res.id, pair: mg.pair, slot: mg.slot, batch: mg.batch}
+	if mg.batch != 0 {
+		return
+	}
+	w.send(m, false, ref)
 }
 
 // propose: a leader without quorum (at site at) takes a request as a
@@ -459,6 +472,7 @@ func (w *world) result(wall time.Duration) *Result {
 	if w.nodeMode {
 		r.RegisterWritesTail, r.RegisterWrites = w.regTail, w.regWrites
 	}
+	r.StoreWrites, r.StoreAppendWrites, r.StoreAppends = w.storeWrites, w.storeAppendWrites, w.storeAppends
 	if w.nodeMode || w.multi() {
 		r.Leadership = w.cfg.Leadership.String()
 	}

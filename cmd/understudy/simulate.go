@@ -18,28 +18,29 @@ import (
 
 // simulateFlags are the flags of `understudy simulate`.
 type simulateFlags struct {
-	list        bool
-	scenario    string
-	seed        uint64
-	duration    time.Duration
-	pairConfig  string
-	allowUnsafe bool
-	leadership  string
-	pairs       int
-	storeWrite  time.Duration
-	writeBound  int
-	hostBatch   int
-	raiseOnce   bool
-	faults      string
-	fsync       string
-	out         string
-	asJSON      bool
-	trace       bool
-	swarm       bool
-	seeds       int
-	firstSeed   uint64
-	workers     int
-	shrink      int
+	list          bool
+	scenario      string
+	seed          uint64
+	duration      time.Duration
+	pairConfig    string
+	allowUnsafe   bool
+	leadership    string
+	pairs         int
+	storeWrite    time.Duration
+	writeBound    int
+	hostBatch     int
+	noAppendBatch bool
+	raiseOnce     bool
+	faults        string
+	fsync         string
+	out           string
+	asJSON        bool
+	trace         bool
+	swarm         bool
+	seeds         int
+	firstSeed     uint64
+	workers       int
+	shrink        int
 }
 
 func newSimulateCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -80,6 +81,7 @@ schedule delta debugging found. See docs/simulation.md.`,
 	fl.DurationVar(&f.storeWrite, "store-write-time", 0, "the store's service time per write, writes served one after another (0: none; docs/simulation.md)")
 	fl.IntVar(&f.writeBound, "host-write-bound", 0, "at most this many member KV writes, and as many event appends, in flight per node, as the runtime keeps (64); 0: unbounded")
 	fl.IntVar(&f.hostBatch, "host-batch", 0, "with --host-write-bound: a node sends its members' waiting KV writes in atomic batches of up to this many, served by the store as one write, as the runtime does (256); 0: one at a time")
+	fl.BoolVar(&f.noAppendBatch, "host-batch-no-appends", false, "with --host-batch: batch only the KV writes, each event append going alone as before the runtime batched them too (for comparison)")
 	fl.BoolVar(&f.raiseOnce, "host-raise-once", false, "with --leadership node: a node's members' raises of another node's epoch go outside --host-write-bound, identical ones as one write, as the runtime does")
 	fl.StringVar(&f.faults, "faults", "", "fault schedule replacing the scenario's, e.g. 'partition(site-a,both)@12.5s+4s;crash(site-b)@1m'")
 	fl.StringVar(&f.fsync, "fsync", "", "simulated NATS durability: always or interval (default: always)")
@@ -142,6 +144,9 @@ func runSimulate(cmd *cobra.Command, f simulateFlags, stdout, stderr io.Writer) 
 	if f.hostBatch > 0 && f.writeBound == 0 {
 		return usage("--host-batch needs --host-write-bound (the runtime's: %d): writes are batched while they wait at it", simulations.HostWriteBoundRuntime)
 	}
+	if f.noAppendBatch && f.hostBatch == 0 {
+		return usage("--host-batch-no-appends needs --host-batch")
+	}
 	if f.swarm {
 		for _, name := range []string{"scenario", "seed", "faults", "out", "trace"} {
 			if set(name) {
@@ -168,7 +173,7 @@ func runSimulate(cmd *cobra.Command, f simulateFlags, stdout, stderr io.Writer) 
 		return usage("unknown scenario %q; see understudy simulate --list", f.scenario)
 	}
 	cfg := simulations.Config{Scenario: f.scenario, Seed: f.seed, Duration: f.duration, Rules: rules, AllowUnsafe: f.allowUnsafe, Fsync: fsync,
-		Leadership: lead, Pairs: f.pairs, StoreWriteTime: f.storeWrite, HostWriteBound: f.writeBound, HostBatch: f.hostBatch, HostRaiseOnce: f.raiseOnce}
+		Leadership: lead, Pairs: f.pairs, StoreWriteTime: f.storeWrite, HostWriteBound: f.writeBound, HostBatch: f.hostBatch, HostBatchNoAppends: f.noAppendBatch, HostRaiseOnce: f.raiseOnce}
 	if set("faults") {
 		fs, err := simulations.ParseFaults(f.faults, rules.Primary, rules.Replica)
 		if err != nil {
@@ -335,7 +340,7 @@ func runSwarm(cmd *cobra.Command, f simulateFlags, rules failover.Rules, fsync s
 	sc := simulations.SwarmConfig{
 		Seeds: f.seeds, FirstSeed: f.firstSeed, Duration: f.duration, Rules: rules, AllowUnsafe: f.allowUnsafe,
 		Fsync: fsync, Workers: f.workers, ShrinkBudget: f.shrink, PairConfig: f.pairConfig,
-		Leadership: lead, Pairs: f.pairs, StoreWriteTime: f.storeWrite, HostWriteBound: f.writeBound, HostBatch: f.hostBatch, HostRaiseOnce: f.raiseOnce,
+		Leadership: lead, Pairs: f.pairs, StoreWriteTime: f.storeWrite, HostWriteBound: f.writeBound, HostBatch: f.hostBatch, HostBatchNoAppends: f.noAppendBatch, HostRaiseOnce: f.raiseOnce,
 	}
 	if sc.Duration == 0 {
 		sc.Duration = 10 * time.Minute

@@ -93,14 +93,32 @@ func TestSimulateHostBatch(t *testing.T) {
 	if r.Reproduce != want {
 		t.Errorf("reproduce %q, want %q", r.Reproduce, want)
 	}
-	sent := 0
+	sent, appends := 0, 0
 	for _, c := range r.Sometimes {
-		if c.Name == "host-batch-sent" {
+		switch c.Name {
+		case "host-batch-sent":
 			sent = c.Count
+		case "host-batch-appends-sent":
+			appends = c.Count
 		}
 	}
-	if sent == 0 {
-		t.Errorf("no batch sent: %+v", r.Sometimes)
+	if sent == 0 || appends == 0 {
+		t.Errorf("%d batches of KV writes sent, %d of appends: %+v", sent, appends, r.Sometimes)
+	}
+
+	// --host-batch-no-appends keeps the appends out of the batches.
+	code, r, errOut = simulateRun(t, append(args, "--host-batch-no-appends")...)
+	if code != exitOK {
+		t.Fatalf("--host-batch-no-appends: exit %d, stderr %q", code, errOut)
+	}
+	want = strings.Replace(want, "--host-batch 256", "--host-batch 256 --host-batch-no-appends", 1)
+	if r.Reproduce != want {
+		t.Errorf("reproduce %q, want %q", r.Reproduce, want)
+	}
+	for _, c := range r.Sometimes {
+		if c.Name == "host-batch-appends-sent" {
+			t.Errorf("--host-batch-no-appends: %d batches of appends sent", c.Count)
+		}
 	}
 }
 
@@ -277,6 +295,7 @@ func TestSimulateUsageErrors(t *testing.T) {
 		{[]string{"simulate", "--scenario", "random", "--pair-config", "/nonexistent/pair.yaml"}, "pair file"},
 		{[]string{"simulate", "--scenario", "random", "--host-batch", "256"}, "--host-batch needs --host-write-bound"},
 		{[]string{"simulate", "--scenario", "random", "--host-write-bound", "64", "--host-batch", "257"}, "--host-batch = 257"},
+		{[]string{"simulate", "--scenario", "random", "--host-write-bound", "64", "--host-batch-no-appends"}, "--host-batch-no-appends needs --host-batch"},
 	} {
 		code, _, errOut := runCLI(t, tc.args...)
 		if code != exitUsage || !strings.Contains(errOut, tc.want) {
