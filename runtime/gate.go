@@ -108,7 +108,7 @@ const maxQueuedWrites = 1 << 16
 func newStoreGate() *storeGate {
 	return &storeGate{jobs: make(chan *gateJob, maxQueuedWrites), done: make(chan struct{}), appends: make(chan struct{}, maxAppends),
 		narrow: make(chan struct{}, appendsBesideWrites), batches: make(chan struct{}, maxBatches),
-		aq: appendQueue{wake: make(chan struct{}, 1)}}
+		aq: appendQueue{wake: make(chan struct{}, 1), batches: make(chan struct{}, maxBatches)}}
 }
 
 // submitWrite queues a member's KV write, to run on a worker after those

@@ -20,7 +20,10 @@ import (
 // first, distinct subjects, up to events.MaxLogBatch) go as one atomic
 // batch on the events stream, which the store checks as a whole and syncs
 // once. With turns free, an append goes alone as before; the bounds on
-// turns are appendTurn's.
+// turns are appendTurn's, and at most maxBatches batches of appends are
+// in flight (JetStream bounds the open batches of a stream, 50 by
+// default, over every node that writes it): while they all fly, the
+// appends wait for the next.
 //
 // A batch the store refuses whole (a stale expectation, a message id it
 // holds, a subject with a write still being proposed) stored nothing: it
@@ -58,6 +61,7 @@ type appendResult struct {
 type appendQueue struct {
 	start     sync.Once
 	wake      chan struct{} // size 1
+	batches   chan struct{} // batches in flight (maxBatches)
 	mu        sync.Mutex
 	jobs      []*appendJob
 	uncertain map[string]time.Time // subjects whose last append may have landed unanswered
@@ -132,7 +136,19 @@ func (g *storeGate) dispatchAppends() {
 		if err != nil {
 			return
 		}
-		jobs := g.takeAppends()
+		batch := false
+		if g.batchWanted() {
+			select {
+			case q.batches <- struct{}{}:
+				batch = true
+				prev := release
+				release = func() { <-q.batches; prev() }
+			case <-ctx.Done():
+				release()
+				return
+			}
+		}
+		jobs := g.takeAppends(batch)
 		if len(jobs) == 0 {
 			release()
 			continue
@@ -144,18 +160,35 @@ func (g *storeGate) dispatchAppends() {
 	}
 }
 
+// batchWanted reports whether the appends waiting would go as a batch:
+// more than one, the oldest not bound to go alone.
+func (g *storeGate) batchWanted() bool {
+	q := &g.aq
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.jobs) > 1 && !q.jobs[0].aloneNow(q.off.Load())
+}
+
+// aloneNow reports whether j goes alone: its subject uncertain, or its
+// stream taking no batches (now, or before off).
+func (j *appendJob) aloneNow(off int64) bool {
+	return j.alone || !j.log.Batches() || time.Now().UnixNano() < off
+}
+
 // takeAppends takes the appends for one send from the queue: its oldest,
-// and, unless that one goes alone (its subject uncertain, or its stream
-// taking no batches now), those behind it on the same log and on other
-// subjects, up to events.MaxLogBatch; appends whose appender stopped are
-// dropped.
-func (g *storeGate) takeAppends() []*appendJob {
+// and, when batch is set and that one may be batched (aloneNow), those
+// behind it on the same log and on other subjects, up to
+// events.MaxLogBatch; appends whose appender stopped are dropped.
+func (g *storeGate) takeAppends(batch bool) []*appendJob {
 	q := &g.aq
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	var take []*appendJob
 	var subjects map[string]struct{}
 	limit := events.MaxLogBatch
+	if !batch {
+		limit = 1
+	}
 	rest := q.jobs[:0]
 	for i, j := range q.jobs {
 		if len(take) == limit {
@@ -169,7 +202,7 @@ func (g *storeGate) takeAppends() []*appendJob {
 		}
 		if len(take) == 0 {
 			take = append(take, j)
-			if j.alone || !j.log.Batches() || time.Now().UnixNano() < q.off.Load() {
+			if j.aloneNow(q.off.Load()) {
 				limit = 1
 			}
 			subjects = map[string]struct{}{j.a.Subject: {}}

@@ -19,6 +19,8 @@ import (
 type countingLog struct {
 	*events.MemoryLog
 	batches, alone atomic.Int64
+	inBatch, maxIn atomic.Int64 // batches being sent, and the most at once
+	gate           chan struct{} // non-nil: a batch waits for it to close before it is stored
 	mu             sync.Mutex
 	sizes          []int
 	failBatch      func([]events.LogAppend) error // nil: none fails
@@ -37,6 +39,13 @@ func (l *countingLog) AppendBatch(ctx context.Context, as []events.LogAppend) ([
 	l.sizes = append(l.sizes, len(as))
 	fail := l.failBatch
 	l.mu.Unlock()
+	n := l.inBatch.Add(1)
+	defer l.inBatch.Add(-1)
+	for m := l.maxIn.Load(); n > m && !l.maxIn.CompareAndSwap(m, n); m = l.maxIn.Load() {
+	}
+	if l.gate != nil {
+		<-l.gate
+	}
 	if fail != nil {
 		if err := fail(as); err != nil {
 			return nil, err
@@ -165,6 +174,43 @@ func TestStoreGateBatchesWaitingAppends(t *testing.T) {
 	}
 	if a := log.alone.Load(); a != 1 {
 		t.Fatalf("an append with turns free: %d sent alone, want 1", a)
+	}
+}
+
+// At most maxBatches batches of appends fly at once (JetStream bounds a
+// stream's open batches): with the store slow to answer, 2,000 appends
+// waiting go 256 at a time in 4 batches, and the rest wait for them.
+func TestStoreGateBoundsAppendBatchesInFlight(t *testing.T) {
+	g := countedGate()
+	defer g.stop()
+	log := newCountingLog()
+	log.gate = make(chan struct{})
+	release := holdTurns(t, g)
+	appends := make([]events.LogAppend, 2000)
+	for i := range appends {
+		appends[i] = testAppend(t, fmt.Sprintf("ev.failover.p%04d.site-a", i), 0, fmt.Sprintf("id-%d", i))
+	}
+	wait := queueAll(g, log, appends, time.Now())
+	waitQueued(t, g, len(appends))
+	release()
+	for deadline := time.Now().Add(5 * time.Second); log.inBatch.Load() < maxBatches && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // a fifth would be sent by now
+	if n, alone := log.inBatch.Load(), log.alone.Load(); n != maxBatches || alone != 0 {
+		t.Fatalf("%d batches in flight and %d appends alone while the store answers none, want %d batches and none alone", n, alone, maxBatches)
+	}
+	close(log.gate)
+	for i, o := range wait() {
+		if o.err != nil {
+			t.Fatalf("append %d: %v", i, o.err)
+		}
+	}
+	if m := log.maxIn.Load(); m != maxBatches {
+		t.Fatalf("at most %d batches at once, want %d", m, maxBatches)
+	}
+	if b := log.batches.Load(); b != 8 {
+		t.Fatalf("2,000 appends in %d batches (sizes %v), want 8 (7 of 256 and one of 208)", b, log.sizes)
 	}
 }
 
