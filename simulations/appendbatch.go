@@ -1,6 +1,9 @@
 package simulations
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // A node's batches of event appends (Config.HostBatch, unless
 // Config.HostBatchNoAppends), as the runtime's host sends them through
@@ -23,19 +26,24 @@ import "fmt"
 //     sequences, or none is — none when one of them would not be stored
 //     alone as a new record (its expected subject sequence is stale, or
 //     the stream holds its message id: events.ErrConflict,
-//     events.ErrBatchDuplicate);
+//     events.ErrBatchDuplicate), or when a leader without quorum holds a
+//     proposal on one of its subjects (events.ErrInFlight);
 //   - a batch refused so comes back whole and is halved, the halves sent
 //     one after the other on the same turn, down to single appends,
 //     answered as any append (a duplicate ack, a conflict resolved by the
-//     appender);
+//     appender, 10164);
 //   - a part not answered by the earliest deadline of its appends fails
 //     every append of the batch (each appender retries after its
 //     backoff, as after a timeout), frees its turn, and is not read if
 //     its answer comes; the store may still commit it (batch.go's late
-//     batches).
+//     batches). Its subjects are uncertain for uncertainFor, as is the
+//     subject of an append sent alone and unanswered by its deadline: an
+//     append queued on an uncertain subject goes alone at its turn (the
+//     runtime's appendUncertain).
 //
 // Unlike KV batches, the number of append batches in flight is bounded by
-// the appends' bound alone, and no append is known stale or uncertain.
+// the appends' turns alone: the node's bound, and appendsBesideWrites
+// while its member KV writes wait or fly.
 
 // appendsBesideWrites bounds a node's append turns while its member KV
 // writes wait or fly (the runtime's; with append batches only, as the
@@ -74,7 +82,7 @@ func (w *world) sendAppendBatch(m *machine, x gated) {
 			continue
 		}
 		subject := w.appendSubject(m, y.ref)
-		if _, dup := w.batchKeys[subject]; dup {
+		if _, dup := w.batchKeys[subject]; dup || w.msgs[y.ref].alone {
 			kept = append(kept, y)
 			continue
 		}
@@ -90,6 +98,7 @@ func (w *world) sendAppendBatch(m *machine, x gated) {
 	for j, ref := range b.refs {
 		by = max(by, b.by[j])
 		w.msgs[ref].slot, w.msgs[ref].batch = 0, bi+1
+		w.appendIssued(m, ref)
 	}
 	b.lo, b.hi = 0, len(b.refs)
 	ref := w.alloc(msg{kind: mBatch, inc: m.inc, batch: bi + 1, slot: tok, pair: all})
@@ -138,11 +147,12 @@ func (w *world) appendable(m *machine, part []int32) bool {
 }
 
 // proposeAppendBatch: a leader without quorum (at site at) takes a batch
-// of appends as a proposal (its subjects), or refuses every append of it
-// at once with 10164 when a proposal for one of its subjects is in
-// flight (as it refuses a batch of KV writes).
+// of appends as a proposal (its subjects), or refuses it at once when a
+// proposal for one of its subjects is in flight: whole (it is halved),
+// a part of one append with 10164, as any append.
 func (w *world) proposeAppendBatch(m *machine, ref int32, at int) ([]string, bool) {
-	part := w.part(w.msgs[ref].batch-1, nil)
+	bi := w.msgs[ref].batch - 1
+	part := w.part(bi, nil)
 	subjects := make([]string, len(part))
 	inFlight := false
 	for i, r := range part {
@@ -153,13 +163,54 @@ func (w *world) proposeAppendBatch(m *machine, ref int32, at int) ([]string, boo
 		return subjects, true
 	}
 	w.count(cInFlightRefused)
-	for _, r := range part {
-		mg := &w.msgs[r]
+	if len(part) > 1 {
+		w.batches[bi].conflict = true
+	} else {
+		mg := &w.msgs[part[0]]
 		*mg = msg{kind: mAppendAck, inc: mg.inc, stream: mg.stream, attempt: mg.attempt, code: codeInFlight, last: mg.last, id: mg.id, pair: mg.pair, batch: mg.batch}
 	}
 	w.msgs[ref].kind = mBatchResult
 	w.send(m, false, ref)
 	return nil, false
+}
+
+// appendIssued records that append request ref of machine m was issued
+// by its node's gate (alone or in a batch): its appender's attempt, if
+// unanswered by its deadline, may have landed.
+func (w *world) appendIssued(m *machine, ref int32) {
+	mg := &w.msgs[ref]
+	if mg.pair < 0 || mg.inc != m.inc {
+		return
+	}
+	w.pairs[mg.pair].nodes[m.idx].apps[mg.stream].issued = mg.attempt
+}
+
+// markAppendUncertain records that subject's latest append on machine m
+// may have landed unanswered: for uncertainFor its appends go alone (in
+// a batch, the retry of an append that landed would refuse it whole).
+func (w *world) markAppendUncertain(m *machine, subject string) {
+	if !w.appendBatches() {
+		return
+	}
+	if m.appendUncertain == nil {
+		m.appendUncertain = map[string]time.Duration{}
+	}
+	m.appendUncertain[subject] = w.now
+}
+
+// appendUncertain reports whether an append on subject queued now on
+// machine m goes alone (markAppendUncertain); counted when it does.
+func (w *world) appendUncertain(m *machine, subject string) bool {
+	at, ok := m.appendUncertain[subject]
+	if !ok {
+		return false
+	}
+	if w.now-at > uncertainFor {
+		delete(m.appendUncertain, subject)
+		return false
+	}
+	w.count(cAppendUncertain)
+	return true
 }
 
 // appendBatchDeadline: batch bi of appends has no answer by the earliest
@@ -173,6 +224,9 @@ func (w *world) appendBatchDeadline(m *machine, bi int32) {
 	for i, r := range b.refs {
 		if r < 0 {
 			continue
+		}
+		if i >= b.lo && i < b.hi {
+			w.markAppendUncertain(m, w.appendSubject(m, r))
 		}
 		w.appendFailed(m, r)
 		if i < b.lo || i >= b.hi {

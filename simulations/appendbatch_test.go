@@ -64,11 +64,14 @@ func TestBatchedAppends(t *testing.T) {
 }
 
 // Batches of appends under faults: a random schedule over 200 pairs a
-// node refuses batches (a retry whose first attempt landed: its expected
-// sequence is stale) and halves them down to single appends, which the
-// appenders recognise as their own (duplicate acks); some batches are not
-// answered by their deadline. No invariant breaks, no appender concludes
-// a conflict, and the digest is the same twice.
+// node leaves some batches unanswered by their deadline (their subjects'
+// retries go alone for a while, as uncertain) and refuses others (a
+// retry whose first attempt landed, queued once its subject was no
+// longer uncertain: its expected sequence is stale), halved down to
+// single appends, which the appenders recognise as their own (duplicate
+// acks). Batches of KV writes are split on conflicts beside them. No
+// invariant breaks, no appender concludes a conflict, and the digest is
+// the same twice.
 func TestAppendBatchesUnderFaults(t *testing.T) {
 	cfg := Config{Scenario: "random", Seed: 1, Duration: 3 * time.Minute, Leadership: LeadershipNode, Pairs: 200,
 		StoreWriteTime: time.Millisecond, HostWriteBound: HostWriteBoundRuntime, HostBatch: HostBatchRuntime}
@@ -76,7 +79,8 @@ func TestAppendBatchesUnderFaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"host-batch-appends-sent", "host-batch-appends-split-on-conflict", "host-batch-appends-unanswered-by-deadline", "event-append-duplicate-ack"} {
+	for _, name := range []string{"host-batch-appends-sent", "host-batch-appends-split-on-conflict", "host-batch-appends-unanswered-by-deadline",
+		"host-append-uncertain-alone", "event-append-duplicate-ack", "host-batch-sent", "host-batch-split-on-conflict"} {
 		if countOf(r, name) == 0 {
 			t.Errorf("%s = 0: the run no longer exercises it", name)
 		}

@@ -25,6 +25,7 @@ type appender struct {
 	backoff  time.Duration // the next backoff (0: the first)
 	attempt  uint64
 	deadline time.Duration // the attempt's: its context ends appendTimeout after it was sent
+	issued   uint64        // the latest attempt its node's gate issued (appendbatch.go)
 	last     uint64
 	known    bool
 	stopped  bool
@@ -66,7 +67,7 @@ func (s *sim) pump(n *node, stream int) {
 		id = msgID(a.subject, a.last, n.nonce, a.ids[0])
 	}
 	ref := s.alloc(msg{kind: mAppend, inc: n.inc, stream: int8(stream), data: a.queue[0], last: a.last, known: a.known, attempt: a.attempt,
-		queued: n.clk.local(s.now) - a.born[0], mark: a.marks[0], id: id, event: a.ids[0], pair: s.pi})
+		queued: n.clk.local(s.now) - a.born[0], mark: a.marks[0], id: id, event: a.ids[0], pair: s.pi, alone: s.appendUncertain(n.machine, a.subject)})
 	s.issue(n.machine, gateAppends, ref, s.now+appendTimeout)
 	s.push(item{at: s.now + appendTimeout, kind: evAppendTimeout, node: int8(n.idx), ref: s.appRef(stream), gen: a.attempt})
 }
@@ -95,6 +96,9 @@ func (s *sim) appenderTimer(n *node, stream int, it item) {
 		// attempt, retried after the backoff.
 		a.inflight = false
 		s.count(cAppendRetried)
+		if a.issued == a.attempt {
+			s.markAppendUncertain(n.machine, a.subject) // appendbatch.go
+		}
 		s.retryLater(n, stream)
 	case it.kind == evAppendRetry && a.waiting:
 		a.waiting = false

@@ -86,6 +86,7 @@ const (
 	cAppendBatched    // appends sent in those batches
 	cAppendBatchSplit // a batch of appends was refused (an expectation stale, a message id held) and halved
 	cAppendBatchLate  // a batch of appends was not answered by its earliest append's deadline: every append of it failed
+	cAppendUncertain  // an append was queued while its subject's latest append may have landed unanswered: it goes alone
 	numCounters
 )
 
@@ -162,6 +163,7 @@ var counterNames = [numCounters]string{
 	cAppendBatched:           "host-batch-appends",
 	cAppendBatchSplit:        "host-batch-appends-split-on-conflict",
 	cAppendBatchLate:         "host-batch-appends-unanswered-by-deadline",
+	cAppendUncertain:         "host-append-uncertain-alone",
 }
 
 func (c counterID) String() string { return counterNames[c] }

@@ -54,6 +54,9 @@ type machine struct {
 	// that became so (the gate's uncertainAt). A process has its own.
 	regSeen   []uint64
 	uncertain map[string]time.Duration
+	// With append batches (appendbatch.go): the subjects whose latest
+	// append may have landed unanswered, with when that became so.
+	appendUncertain map[string]time.Duration
 	// HostRaiseOnce: the raises of other nodes' epochs it has in flight
 	// or just answered.
 	raises map[raiseKey]*raiseFlight
@@ -188,7 +191,7 @@ func (w *world) start(m *machine) {
 		w.liveHandle(m, m.live.Start(m.clk.local(w.now)))
 	}
 	m.watch, m.deliveredRev = false, 0
-	m.regSeen, m.uncertain = nil, nil
+	m.regSeen, m.uncertain, m.appendUncertain = nil, nil, nil
 	w.resync(m)
 	for _, s := range w.pairs {
 		s.armTick(s.nodes[m.idx])

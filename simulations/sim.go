@@ -251,6 +251,7 @@ type msg struct {
 	attempt uint64         // mAppend, mAppendAck
 	queued  time.Duration  // mAppend: how long the event waited on its node
 	mark    int32          // mAppend: 1 + the index of its record mark (0: none; see record.go)
+	alone   bool           // mAppend: its subject was uncertain when it was queued: it goes alone (appendbatch.go)
 	id      string         // mAppend, mAppendAck: the message id (mAppend with known false: the appender's nonce; the server completes it)
 	event   string         // mAppend with known false: the random part of the message id
 	code    int32          // mAppendAck: the JetStream error code of a refusal (0: stored)

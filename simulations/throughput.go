@@ -120,6 +120,9 @@ func (w *world) admit(m *machine, g int, ref int32, by time.Duration) {
 	tok := w.tokens
 	w.take(m, g, tok, slotAlone)
 	w.msgs[ref].slot = tok
+	if g == gateAppends {
+		w.appendIssued(m, ref)
+	}
 	w.push(item{at: max(by, w.now+1), kind: evSlotDeadline, node: int8(m.idx), ref: int32(g), gen: tok})
 	w.send(m, true, ref)
 }
@@ -173,7 +176,7 @@ func (w *world) turns(m *machine, g int) {
 			w.batchTurn(m, x)
 			continue
 		}
-		if g == gateAppends && len(gt.wait) > 0 && w.appendBatches() {
+		if g == gateAppends && len(gt.wait) > 0 && w.appendBatches() && !w.msgs[x.ref].alone {
 			w.sendAppendBatch(m, x) // appendbatch.go
 			continue
 		}
@@ -238,7 +241,7 @@ func (w *world) resetGates(m *machine) {
 		}
 		m.gates[g] = gate{}
 	}
-	m.uncertain = nil
+	m.uncertain, m.appendUncertain = nil, nil
 }
 
 // countLivenessFailed counts, per member that counts it, a failed
