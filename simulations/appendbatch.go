@@ -41,9 +41,11 @@ import (
 //     append queued on an uncertain subject goes alone at its turn (the
 //     runtime's appendUncertain).
 //
-// Unlike KV batches, the number of append batches in flight is bounded by
-// the appends' turns alone: the node's bound, and appendsBesideWrites
-// while its member KV writes wait or fly.
+// Append batches in flight are bounded as KV batches are (hostBatches):
+// while that many fly, an append that would go in a batch waits, and
+// what is behind it, for one to end; and append turns by the node's
+// bound, and by appendsBesideWrites while its member KV writes wait or
+// fly.
 
 // appendsBesideWrites bounds a node's append turns while its member KV
 // writes wait or fly (the runtime's; with append batches only, as the
@@ -52,6 +54,17 @@ const appendsBesideWrites = 4
 
 // appendBatches: waiting appends go in batches.
 func (w *world) appendBatches() bool { return w.cfg.HostBatch > 1 && !w.cfg.HostBatchNoAppends }
+
+// appendBatchWaits reports whether append x, at the head of its node's
+// queue, would go in a batch (appends wait behind it; it is neither past
+// its deadline nor uncertain) while hostBatches batches of appends fly:
+// it waits, and what is behind it, for one of them to end (the runtime's
+// maxBatches: JetStream bounds a stream's open batches).
+func (w *world) appendBatchWaits(m *machine, x gated) bool {
+	gt := &m.gates[gateAppends]
+	return w.appendBatches() && gt.batches >= hostBatches && len(gt.wait) > 1 &&
+		w.now < x.by && w.now <= x.issueBy && !w.msgs[x.ref].alone
+}
 
 // appendSubject is the subject of append request ref of machine m.
 func (w *world) appendSubject(m *machine, ref int32) string {

@@ -9,7 +9,7 @@ import (
 // TestBatchedTakeover's setting (node leadership, 1,000 pairs a node, a
 // store serving one write or one batch per 1.2ms, the runtime's bound of
 // 64, KV batches of 256 and raises made once; the primaries' node cut at
-// 40s): with them the store serves tens of appends per write (36 over
+// 40s): with them the store serves tens of appends per write (50 over
 // the run), without them (HostBatchNoAppends) one, with about as many
 // store writes as appends; both take every pair over within
 // failover_timeout + 2 × heartbeat_timeout, with no violation.

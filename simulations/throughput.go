@@ -158,6 +158,9 @@ func (w *world) turns(m *machine, g int) {
 	gt := &m.gates[g]
 	for len(gt.wait) > 0 && w.turnFree(m, g) {
 		x := gt.wait[0]
+		if g == gateAppends && w.appendBatchWaits(m, x) {
+			break // appendbatch.go: hostBatches batches of appends fly
+		}
 		gt.wait = gt.wait[1:]
 		if w.now >= x.by || w.now > x.issueBy {
 			w.count(cNotIssued)
