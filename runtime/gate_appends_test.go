@@ -19,7 +19,7 @@ import (
 type countingLog struct {
 	*events.MemoryLog
 	batches, alone atomic.Int64
-	inBatch, maxIn atomic.Int64 // batches being sent, and the most at once
+	inBatch, maxIn atomic.Int64  // batches being sent, and the most at once
 	gate           chan struct{} // non-nil: a batch waits for it to close before it is stored
 	mu             sync.Mutex
 	sizes          []int
