@@ -3,7 +3,9 @@ package events_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -293,4 +295,85 @@ func BenchmarkKVRegisterWrites(b *testing.B) {
 		}
 		report(b, start)
 	})
+}
+
+// BenchmarkAppendSubjects compares a node's member appends (each on its
+// own subject, with its expectation and message id) sent one by one with
+// 64 in flight against atomic batches of 256, one or 4 at a time, on a
+// stream synced on every write: appends/s.
+func BenchmarkAppendSubjects(b *testing.B) {
+	const subjects = 4 * events.MaxLogBatch
+	codec := testCodec(b)
+	data, err := codec.Encode(&jsTestEvent{N: 1, Note: strings.Repeat("x", 200)}) // about a member event's size
+	if err != nil {
+		b.Fatal(err)
+	}
+	var ids atomic.Int64
+	next := func(last []uint64, i int) events.LogAppend {
+		opts := events.Expect(last[i])
+		opts.MsgID = fmt.Sprintf("id-%d", ids.Add(1))
+		return events.LogAppend{Subject: fmt.Sprintf("ev.failover.p%05d.site-b", i), Data: data, Opts: opts}
+	}
+	report := func(b *testing.B, start time.Time) {
+		b.ReportMetric(float64(b.N*subjects)/time.Since(start).Seconds(), "appends/s")
+	}
+	b.Run("alone-64-in-flight", func(b *testing.B) {
+		log, _, _ := newTestLog(b, codec)
+		last := make([]uint64, subjects)
+		start := time.Now()
+		for range b.N {
+			work := make(chan int, subjects)
+			for i := range subjects {
+				work <- i
+			}
+			close(work)
+			var wg sync.WaitGroup
+			for range 64 {
+				wg.Go(func() {
+					for i := range work {
+						a := next(last, i)
+						ack, err := log.AppendRaw(context.Background(), a.Subject, a.Data, a.Opts)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						last[i] = ack.Sequence
+					}
+				})
+			}
+			wg.Wait()
+		}
+		report(b, start)
+	})
+	for _, inFlight := range []int{1, 4} {
+		b.Run(fmt.Sprintf("batch-256-%d-in-flight", inFlight), func(b *testing.B) {
+			log, _, _ := newTestLog(b, codec)
+			last := make([]uint64, subjects)
+			start := time.Now()
+			for range b.N {
+				var wg sync.WaitGroup
+				sem := make(chan struct{}, inFlight)
+				for from := 0; from < subjects; from += events.MaxLogBatch {
+					sem <- struct{}{}
+					wg.Go(func() {
+						defer func() { <-sem }()
+						as := make([]events.LogAppend, events.MaxLogBatch)
+						for j := range as {
+							as[j] = next(last, from+j)
+						}
+						acks, err := log.AppendBatch(context.Background(), as)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						for j, a := range acks {
+							last[from+j] = a.Sequence
+						}
+					})
+				}
+				wg.Wait()
+			}
+			report(b, start)
+		})
+	}
 }

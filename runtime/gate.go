@@ -552,7 +552,7 @@ func (g *storeGate) priority() (release func()) {
 // appendTurn waits for an append's turn; release ends it.
 func (g *storeGate) appendTurn(ctx context.Context) (release func(), err error) {
 	g.pending.Add(1)
-	end, err := g.turn(ctx)
+	end, _, err := g.turn(ctx)
 	if err != nil {
 		g.pending.Add(-1)
 		return nil, err
@@ -560,15 +560,17 @@ func (g *storeGate) appendTurn(ctx context.Context) (release func(), err error) 
 	return func() { end(); g.pending.Add(-1) }, nil
 }
 
-// turn waits for a turn to send appends (one, or a batch of them).
-func (g *storeGate) turn(ctx context.Context) (release func(), err error) {
+// turn waits for a turn to send appends (one, or a batch of them);
+// narrow says it is one of the appendsBesideWrites turns given while KV
+// writes wait or fly.
+func (g *storeGate) turn(ctx context.Context) (release func(), narrow bool, err error) {
 	select {
 	case g.appends <- struct{}{}:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, false, ctx.Err()
 	}
 	if g.kv.Load() == 0 {
-		return func() { <-g.appends }, nil
+		return func() { <-g.appends }, false, nil
 	}
 	// KV writes wait: the turn comes only while fewer than
 	// appendsBesideWrites others fly beside them. (No polling for the
@@ -577,10 +579,10 @@ func (g *storeGate) turn(ctx context.Context) (release func(), err error) {
 	// narrow turns last one send each.)
 	select {
 	case g.narrow <- struct{}{}:
-		return func() { <-g.narrow; <-g.appends }, nil
+		return func() { <-g.narrow; <-g.appends }, true, nil
 	case <-ctx.Done():
 		<-g.appends
-		return nil, ctx.Err()
+		return nil, false, ctx.Err()
 	}
 }
 

@@ -78,7 +78,7 @@ func holdTurns(t *testing.T, g *storeGate) (release func()) {
 	t.Helper()
 	var rels []func()
 	for range maxAppends {
-		r, err := g.turn(context.Background())
+		r, _, err := g.turn(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -175,6 +175,32 @@ func TestStoreGateBatchesWaitingAppends(t *testing.T) {
 	if a := log.alone.Load(); a != 1 {
 		t.Fatalf("an append with turns free: %d sent alone, want 1", a)
 	}
+}
+
+// While a KV write waits or flies, appends go one a turn on the
+// appendsBesideWrites turns, never batched: the registers keep the store.
+func TestStoreGateBatchesNoAppendsBesideWrites(t *testing.T) {
+	g := countedGate()
+	defer g.stop()
+	log := newCountingLog()
+	release := holdTurns(t, g)
+	done := g.priority() // the node's liveness write flies
+	appends := make([]events.LogAppend, 20)
+	for i := range appends {
+		appends[i] = testAppend(t, fmt.Sprintf("ev.failover.p%02d.site-a", i), 0, fmt.Sprintf("id-%d", i))
+	}
+	wait := queueAll(g, log, appends, time.Now())
+	waitQueued(t, g, len(appends))
+	release()
+	for i, o := range wait() {
+		if o.err != nil {
+			t.Fatalf("append %d: %v", i, o.err)
+		}
+	}
+	if b, a := log.batches.Load(), log.alone.Load(); b != 0 || a != 20 {
+		t.Fatalf("beside a KV write: %d batches, %d appends alone; want all 20 alone", b, a)
+	}
+	done()
 }
 
 // At most maxBatches batches of appends fly at once (JetStream bounds a
