@@ -17,8 +17,13 @@ import (
 //     subject already taken, an attempt past its deadline whose retry
 //     waits too, stays where it was);
 //   - an append whose turn comes with nothing waiting behind it goes
-//     alone, as before; with appends waiting, it takes them, oldest
-//     first, up to HostBatch (one past its deadline is dropped, as
+//     alone, as before, and so does one whose turn comes while the
+//     node's member KV writes wait or fly (one of appendsBesideWrites
+//     turns, one append each: a batch of appends costs the store about
+//     what a batch of registers does, and beside the register batches of
+//     a 10,000-pair takeover it took half the store from them, runtime
+//     adaf933); with appends waiting and no KV write, it takes them,
+//     oldest first, up to HostBatch (one past its deadline is dropped, as
 //     before), and they go as one request on its turn (a batch of one
 //     goes as a single append);
 //   - the store serves the batch as it serves a batch of KV writes
@@ -62,7 +67,7 @@ func (w *world) appendBatches() bool { return w.cfg.HostBatch > 1 && !w.cfg.Host
 // maxBatches: JetStream bounds a stream's open batches).
 func (w *world) appendBatchWaits(m *machine, x gated) bool {
 	gt := &m.gates[gateAppends]
-	return w.appendBatches() && gt.batches >= hostBatches && len(gt.wait) > 1 &&
+	return w.appendBatches() && !w.kvBusy(m) && gt.batches >= hostBatches && len(gt.wait) > 1 &&
 		w.now < x.by && w.now <= x.issueBy && !w.msgs[x.ref].alone
 }
 

@@ -73,7 +73,7 @@ func TestBatchedAppends(t *testing.T) {
 // invariant breaks, no appender concludes a conflict, and the digest is
 // the same twice.
 func TestAppendBatchesUnderFaults(t *testing.T) {
-	cfg := Config{Scenario: "random", Seed: 1, Duration: 3 * time.Minute, Leadership: LeadershipNode, Pairs: 200,
+	cfg := Config{Scenario: "random", Seed: 9, Duration: 3 * time.Minute, Leadership: LeadershipNode, Pairs: 200,
 		StoreWriteTime: time.Millisecond, HostWriteBound: HostWriteBoundRuntime, HostBatch: HostBatchRuntime}
 	r, err := Run(cfg)
 	if err != nil {

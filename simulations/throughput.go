@@ -179,7 +179,7 @@ func (w *world) turns(m *machine, g int) {
 			w.batchTurn(m, x)
 			continue
 		}
-		if g == gateAppends && len(gt.wait) > 0 && w.appendBatches() && !w.msgs[x.ref].alone {
+		if g == gateAppends && len(gt.wait) > 0 && w.appendBatches() && !w.msgs[x.ref].alone && !w.kvBusy(m) {
 			w.sendAppendBatch(m, x) // appendbatch.go
 			continue
 		}
