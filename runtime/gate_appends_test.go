@@ -252,7 +252,7 @@ func sendJobs(g *storeGate, log events.LogBatcher, appends []events.LogAppend) [
 	out := make([]appendOutcome, len(jobs))
 	for i, j := range jobs {
 		r := <-j.done
-		out[i] = appendOutcome{r.ack, r.err}
+		out[i] = appendOutcome(r)
 	}
 	return out
 }
