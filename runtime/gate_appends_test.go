@@ -128,6 +128,37 @@ func queueAll(g *storeGate, log events.LogBatcher, appends []events.LogAppend, b
 	return func() []appendOutcome { wg.Wait(); return out }
 }
 
+// testAppends is n fresh appends, one per subject (ev.failover.pNNNN.site-a).
+func testAppends(t *testing.T, n int) []events.LogAppend {
+	t.Helper()
+	appends := make([]events.LogAppend, n)
+	for i := range appends {
+		appends[i] = testAppend(t, fmt.Sprintf("ev.failover.p%04d.site-a", i), 0, fmt.Sprintf("id-%d", i))
+	}
+	return appends
+}
+
+// queueHeld queues appends while every turn is held (held: the turns,
+// taken by the caller), gives the turns back once all wait, and returns
+// the wait for their outcomes.
+func queueHeld(t *testing.T, g *storeGate, log events.LogBatcher, held func(), appends []events.LogAppend, born time.Time) func() []appendOutcome {
+	t.Helper()
+	wait := queueAll(g, log, appends, born)
+	waitQueued(t, g, len(appends))
+	held()
+	return wait
+}
+
+// mustLand fails t unless every outcome is an ack.
+func mustLand(t *testing.T, out []appendOutcome) {
+	t.Helper()
+	for i, o := range out {
+		if o.err != nil {
+			t.Fatalf("append %d: %v", i, o.err)
+		}
+	}
+}
+
 // Appends waiting for a turn go together: 300 queued while every turn
 // was taken land in two atomic batches (256 and 44), each record on its
 // subject at its ack, dated by how long it waited.
@@ -136,16 +167,8 @@ func TestStoreGateBatchesWaitingAppends(t *testing.T) {
 	defer g.stop()
 	log := newCountingLog()
 	release := holdTurns(t, g)
-	appends := make([]events.LogAppend, 300)
-	for i := range appends {
-		appends[i] = testAppend(t, fmt.Sprintf("ev.failover.p%03d.site-a", i), 0, fmt.Sprintf("id-%d", i))
-	}
-	born := time.Now()
-	wait := queueAll(g, log, appends, born)
-	waitQueued(t, g, len(appends))
-	time.Sleep(20 * time.Millisecond)
-	release()
-	out := wait()
+	appends := testAppends(t, 300)
+	out := queueHeld(t, g, log, func() { time.Sleep(20 * time.Millisecond); release() }, appends, time.Now())()
 	for i, o := range out {
 		if o.err != nil || o.ack.Duplicate {
 			t.Fatalf("append %d: %+v, %v", i, o.ack, o.err)
@@ -185,18 +208,7 @@ func TestStoreGateBatchesNoAppendsBesideWrites(t *testing.T) {
 	log := newCountingLog()
 	release := holdTurns(t, g)
 	done := g.priority() // the node's liveness write flies
-	appends := make([]events.LogAppend, 20)
-	for i := range appends {
-		appends[i] = testAppend(t, fmt.Sprintf("ev.failover.p%02d.site-a", i), 0, fmt.Sprintf("id-%d", i))
-	}
-	wait := queueAll(g, log, appends, time.Now())
-	waitQueued(t, g, len(appends))
-	release()
-	for i, o := range wait() {
-		if o.err != nil {
-			t.Fatalf("append %d: %v", i, o.err)
-		}
-	}
+	mustLand(t, queueHeld(t, g, log, release, testAppends(t, 20), time.Now())())
 	if b, a := log.batches.Load(), log.alone.Load(); b != 0 || a != 20 {
 		t.Fatalf("beside a KV write: %d batches, %d appends alone; want all 20 alone", b, a)
 	}
@@ -211,14 +223,7 @@ func TestStoreGateBoundsAppendBatchesInFlight(t *testing.T) {
 	defer g.stop()
 	log := newCountingLog()
 	log.gate = make(chan struct{})
-	release := holdTurns(t, g)
-	appends := make([]events.LogAppend, 2000)
-	for i := range appends {
-		appends[i] = testAppend(t, fmt.Sprintf("ev.failover.p%04d.site-a", i), 0, fmt.Sprintf("id-%d", i))
-	}
-	wait := queueAll(g, log, appends, time.Now())
-	waitQueued(t, g, len(appends))
-	release()
+	wait := queueHeld(t, g, log, holdTurns(t, g), testAppends(t, 2000), time.Now())
 	for deadline := time.Now().Add(5 * time.Second); log.inBatch.Load() < maxBatches && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
 	}
@@ -227,11 +232,7 @@ func TestStoreGateBoundsAppendBatchesInFlight(t *testing.T) {
 		t.Fatalf("%d batches in flight and %d appends alone while the store answers none, want %d batches and none alone", n, alone, maxBatches)
 	}
 	close(log.gate)
-	for i, o := range wait() {
-		if o.err != nil {
-			t.Fatalf("append %d: %v", i, o.err)
-		}
-	}
+	mustLand(t, wait())
 	if m := log.maxIn.Load(); m != maxBatches {
 		t.Fatalf("at most %d batches at once, want %d", m, maxBatches)
 	}
@@ -266,14 +267,11 @@ func TestStoreGateSplitsARefusedAppendBatch(t *testing.T) {
 	defer g.stop()
 	log := newCountingLog()
 	ctx := context.Background()
-	stale := "ev.failover.p2.site-a"
+	stale := "ev.failover.p0002.site-a"
 	if _, err := log.MemoryLog.AppendRaw(ctx, stale, []byte("x"), events.AppendOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	appends := make([]events.LogAppend, 8)
-	for i := range appends {
-		appends[i] = testAppend(t, fmt.Sprintf("ev.failover.p%d.site-a", i), 0, fmt.Sprintf("id-%d", i))
-	}
+	appends := testAppends(t, 8)
 	out := sendJobs(g, log, appends) // appends[2] expects 0 on a subject at 1
 	for i, o := range out {
 		switch {
@@ -291,7 +289,7 @@ func TestStoreGateSplitsARefusedAppendBatch(t *testing.T) {
 	// The retry of an append that landed (its id stored), batched.
 	retry := appends[5]
 	retry.Opts = events.AppendOptions{MsgID: retry.Opts.MsgID}
-	fresh := testAppend(t, "ev.failover.p9.site-a", 0, "id-9")
+	fresh := testAppend(t, "ev.failover.p0009.site-a", 0, "id-9")
 	out = sendJobs(g, log, []events.LogAppend{fresh, retry})
 	if out[0].err != nil || out[0].ack.Duplicate {
 		t.Fatalf("the fresh append beside a retry: %+v, %v", out[0].ack, out[0].err)
@@ -320,16 +318,8 @@ func TestStoreGateSendsRetriesOfUnansweredAppendBatchesAlone(t *testing.T) {
 	if !g.appendUncertain(a.Subject) || !g.appendUncertain(b.Subject) || g.appendUncertain("ev.failover.c.site-a") {
 		t.Fatal("the subjects of an unanswered batch are not uncertain, or another is")
 	}
-	release := holdTurns(t, g)
 	c, d := testAppend(t, "ev.failover.c.site-a", 0, "c"), testAppend(t, "ev.failover.d.site-a", 0, "d")
-	wait := queueAll(g, log, []events.LogAppend{c, a, d}, time.Now())
-	waitQueued(t, g, 3)
-	release()
-	for i, o := range wait() {
-		if o.err != nil {
-			t.Fatalf("append %d: %v", i, o.err)
-		}
-	}
+	mustLand(t, queueHeld(t, g, log, holdTurns(t, g), []events.LogAppend{c, a, d}, time.Now())())
 	if n, alone := log.batches.Load(), log.alone.Load(); n != 2 || alone != 1 {
 		t.Fatalf("after the unanswered batch: %d batches (sizes %v), %d alone; want the retry alone and the other two batched", n, log.sizes, alone)
 	}
@@ -346,19 +336,7 @@ func TestStoreGateAppendsAloneWhenBatchesAreRefused(t *testing.T) {
 	log.failBatch = func([]events.LogAppend) error {
 		return fmt.Errorf("batch: %w", events.ErrBatchUnsupported)
 	}
-	release := holdTurns(t, g)
-	appends := make([]events.LogAppend, 10)
-	for i := range appends {
-		appends[i] = testAppend(t, fmt.Sprintf("ev.failover.p%d.site-a", i), 0, fmt.Sprintf("id-%d", i))
-	}
-	wait := queueAll(g, log, appends, time.Now())
-	waitQueued(t, g, len(appends))
-	release()
-	for i, o := range wait() {
-		if o.err != nil {
-			t.Fatalf("append %d: %v", i, o.err)
-		}
-	}
+	mustLand(t, queueHeld(t, g, log, holdTurns(t, g), testAppends(t, 10), time.Now())())
 	if n, a := log.batches.Load(), log.alone.Load(); n != 1 || a != 10 {
 		t.Fatalf("%d batches tried, %d appends alone; want the one refused batch, then 10 alone", n, a)
 	}
