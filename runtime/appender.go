@@ -29,7 +29,9 @@ import (
 // event); a conflict means another process writes this
 // subject — this process is a zombie or has a twin — and is reported
 // through onConflict, after which the appender stops (events.AppendAckConflict
-// decides).
+// decides). On a host's log (boundedLog) its appends wait for a turn in
+// the host's gate, which sends them alone or batched with other members'
+// (gate_appends.go).
 type appender struct {
 	log        events.Log
 	subject    string
