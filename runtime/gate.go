@@ -50,13 +50,12 @@ type storeGate struct {
 	narrow  chan struct{} // appends in flight while KV writes wait
 	pending atomic.Int64  // appends waiting or in flight
 
-	batches     chan struct{} // batches in flight (maxBatches)
-	uncertainMu sync.Mutex
-	uncertainAt map[string]time.Time // keys whose latest write may have landed unanswered (see uncertain)
-	heldMu      sync.Mutex
-	held        []*gateJob   // member writes waiting for a batch slot, oldest first (see run)
-	batchOff    atomic.Int64 // unix nanos before which no batch is tried (the bucket refused one)
-	onRefused   func(error)  // told when the bucket refuses a batch (nil: nobody)
+	batches       chan struct{} // batches in flight (maxBatches)
+	uncertainKeys uncertainSet  // keys whose latest write may have landed unanswered (see uncertain)
+	heldMu        sync.Mutex
+	held          []*gateJob   // member writes waiting for a batch slot, oldest first (see run)
+	batchOff      atomic.Int64 // unix nanos before which no batch is tried (the bucket refused one)
+	onRefused     func(error)  // told when the bucket refuses a batch (nil: nobody)
 	// seen is the latest revision of key the node's watch delivered (0:
 	// none; nil: no node watch). See stale.
 	seen    atomic.Pointer[func(key string) uint64]
@@ -352,9 +351,7 @@ func (g *storeGate) single(w *kvWrite) {
 	defer g.kv.Add(-1)
 	g.metrics.memberWrites("alone", 1)
 	if performWrite(w) {
-		g.uncertainMu.Lock()
-		delete(g.uncertainAt, w.w.Key)
-		g.uncertainMu.Unlock()
+		g.uncertainKeys.forget(w.w.Key)
 	}
 }
 
@@ -480,7 +477,7 @@ func (g *storeGate) writeBatch(b events.KVBatcher, batch []*kvWrite) {
 	default:
 		g.metrics.batch("failed")
 		for _, w := range batch {
-			g.markUncertain(w.w.Key)
+			g.uncertainKeys.mark(w.w.Key)
 			w.done(0, err, took)
 		}
 	}
@@ -491,24 +488,49 @@ func (g *storeGate) writeBatch(b events.KVBatcher, batch []*kvWrite) {
 // node's watch has delivered what landed, and stale answers for it).
 const uncertainFor = 5 * time.Second
 
-// markUncertain records that key's latest write failed without a
-// definite answer (a batch not answered by its deadline may still have
-// been committed).
-func (g *storeGate) markUncertain(key string) {
-	g.uncertainMu.Lock()
-	defer g.uncertainMu.Unlock()
-	if g.uncertainAt == nil {
-		g.uncertainAt = map[string]time.Time{}
+// uncertainSet holds names (register keys, event subjects) whose latest
+// write failed without a definite answer (a batch not answered by its
+// deadline may still have been committed), each for uncertainFor.
+type uncertainSet struct {
+	mu sync.Mutex
+	at map[string]time.Time
+}
+
+// mark records name as uncertain from now.
+func (u *uncertainSet) mark(name string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.at == nil {
+		u.at = map[string]time.Time{}
 	}
 	now := time.Now()
-	if len(g.uncertainAt) > maxQueuedWrites {
-		for k, at := range g.uncertainAt {
+	if len(u.at) > maxQueuedWrites {
+		for k, at := range u.at {
 			if now.Sub(at) > uncertainFor {
-				delete(g.uncertainAt, k)
+				delete(u.at, k)
 			}
 		}
 	}
-	g.uncertainAt[key] = now
+	u.at[name] = now
+}
+
+// has reports whether name was marked within uncertainFor.
+func (u *uncertainSet) has(name string) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	at, ok := u.at[name]
+	if ok && time.Since(at) > uncertainFor {
+		delete(u.at, name)
+		return false
+	}
+	return ok
+}
+
+// forget ends name's uncertainty (its write was answered).
+func (u *uncertainSet) forget(name string) {
+	u.mu.Lock()
+	delete(u.at, name)
+	u.mu.Unlock()
 }
 
 // uncertain reports whether w is a compare-and-set on a key whose latest
@@ -520,14 +542,7 @@ func (g *storeGate) uncertain(w *kvWrite) bool {
 	if w.w.Put || w.w.Revision == 0 {
 		return false
 	}
-	g.uncertainMu.Lock()
-	defer g.uncertainMu.Unlock()
-	at, ok := g.uncertainAt[w.w.Key]
-	if ok && time.Since(at) > uncertainFor {
-		delete(g.uncertainAt, w.w.Key)
-		return false
-	}
-	return ok
+	return g.uncertainKeys.has(w.w.Key)
 }
 
 // refusedWriters bounds the single writes of a refused batch in flight.

@@ -72,8 +72,8 @@ type appendQueue struct {
 	batches   chan struct{} // batches in flight (maxBatches)
 	mu        sync.Mutex
 	jobs      []*appendJob
-	uncertain map[string]time.Time // subjects whose last append may have landed unanswered
-	off       atomic.Int64         // unix nanos before which no batch is tried (the stream refused one)
+	uncertain uncertainSet // subjects whose last append may have landed unanswered
+	off       atomic.Int64 // unix nanos before which no batch is tried (the stream refused one)
 }
 
 // appendQueued appends a on log at its turn, alone or in a batch with
@@ -83,7 +83,7 @@ type appendQueue struct {
 func (g *storeGate) appendQueued(ctx context.Context, log events.LogBatcher, a events.LogAppend, born time.Time) (events.Ack, error) {
 	q := &g.aq
 	q.start.Do(func() { go g.dispatchAppends() })
-	j := &appendJob{ctx: ctx, log: log, a: a, born: born, alone: g.appendUncertain(a.Subject), done: make(chan appendResult, 1), queued: true}
+	j := &appendJob{ctx: ctx, log: log, a: a, born: born, alone: g.aq.uncertain.has(a.Subject), done: make(chan appendResult, 1), queued: true}
 	g.pending.Add(1)
 	q.mu.Lock()
 	q.jobs = append(q.jobs, j)
@@ -283,7 +283,7 @@ func (g *storeGate) sendAppends(ctx context.Context, jobs []*appendJob) {
 	default:
 		g.metrics.appendBatchOutcome("failed")
 		for _, j := range jobs {
-			g.markAppendUncertain(j.a.Subject)
+			g.aq.uncertain.mark(j.a.Subject)
 			g.answer(j, events.Ack{}, err)
 		}
 	}
@@ -297,7 +297,7 @@ func (g *storeGate) sendAlone(ctx context.Context, j *appendJob) {
 	cancel()
 	g.metrics.appended("alone", 1)
 	if err != nil && !errors.Is(err, events.ErrConflict) {
-		g.markAppendUncertain(a.Subject)
+		g.aq.uncertain.mark(a.Subject)
 	}
 	g.answer(j, ack, err)
 }
@@ -322,39 +322,4 @@ func (j *appendJob) stamped() events.LogAppend {
 		a.Opts.Headers = h
 	}
 	return a
-}
-
-// markAppendUncertain records that subject's latest append was not
-// answered: it may have been stored.
-func (g *storeGate) markAppendUncertain(subject string) {
-	q := &g.aq
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.uncertain == nil {
-		q.uncertain = map[string]time.Time{}
-	}
-	now := time.Now()
-	if len(q.uncertain) > maxQueuedWrites {
-		for s, at := range q.uncertain {
-			if now.Sub(at) > uncertainFor {
-				delete(q.uncertain, s)
-			}
-		}
-	}
-	q.uncertain[subject] = now
-}
-
-// appendUncertain reports whether subject's latest append may have landed
-// unanswered (within uncertainFor): its retry goes alone, where a stored
-// message id is answered as a duplicate instead of refusing a batch.
-func (g *storeGate) appendUncertain(subject string) bool {
-	q := &g.aq
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	at, ok := q.uncertain[subject]
-	if ok && time.Since(at) > uncertainFor {
-		delete(q.uncertain, subject)
-		return false
-	}
-	return ok
 }

@@ -315,7 +315,7 @@ func TestStoreGateSendsRetriesOfUnansweredAppendBatchesAlone(t *testing.T) {
 		}
 	}
 	log.failBatch = nil
-	if !g.appendUncertain(a.Subject) || !g.appendUncertain(b.Subject) || g.appendUncertain("ev.failover.c.site-a") {
+	if !g.aq.uncertain.has(a.Subject) || !g.aq.uncertain.has(b.Subject) || g.aq.uncertain.has("ev.failover.c.site-a") {
 		t.Fatal("the subjects of an unanswered batch are not uncertain, or another is")
 	}
 	c, d := testAppend(t, "ev.failover.c.site-a", 0, "c"), testAppend(t, "ev.failover.d.site-a", 0, "d")
