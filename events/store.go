@@ -201,15 +201,23 @@ type LogBatcher interface {
 // CheckLogBatch checks what every LogBatcher requires of a batch:
 // 1..MaxLogBatch appends, each subject at most once.
 func CheckLogBatch(appends []LogAppend) error {
-	if len(appends) == 0 || len(appends) > MaxLogBatch {
-		return fmt.Errorf("events: batch: a batch holds 1..%d appends, not %d", MaxLogBatch, len(appends))
+	return checkDistinct(len(appends), MaxLogBatch, "appends", "subject", "is appended to twice", func(i int) string { return appends[i].Subject })
+}
+
+// checkDistinct checks a batch of n (1..max) items whose names (name(i))
+// are distinct: what is the items' noun, key the names', twice what a
+// name met twice is said to be.
+func checkDistinct(n, max int, what, key, twice string, name func(int) string) error {
+	if n == 0 || n > max {
+		return fmt.Errorf("events: batch: a batch holds 1..%d %s, not %d", max, what, n)
 	}
-	seen := make(map[string]struct{}, len(appends))
-	for i, a := range appends {
-		if _, dup := seen[a.Subject]; dup {
-			return fmt.Errorf("events: batch append %d: subject %q is appended to twice in one batch (a subject at most once)", i, a.Subject)
+	seen := make(map[string]struct{}, n)
+	for i := range n {
+		k := name(i)
+		if _, dup := seen[k]; dup {
+			return fmt.Errorf("events: batch %s %d: %s %q %s in one batch (a %s at most once)", what[:len(what)-1], i, key, k, twice, key)
 		}
-		seen[a.Subject] = struct{}{}
+		seen[k] = struct{}{}
 	}
 	return nil
 }
@@ -333,15 +341,5 @@ type KVBatcher interface {
 // CheckBatch checks what every KVBatcher requires of a batch: 1..MaxKVBatch
 // writes, each key at most once.
 func CheckBatch(writes []KVWrite) error {
-	if len(writes) == 0 || len(writes) > MaxKVBatch {
-		return fmt.Errorf("events: batch: a batch holds 1..%d writes, not %d", MaxKVBatch, len(writes))
-	}
-	seen := make(map[string]struct{}, len(writes))
-	for i, w := range writes {
-		if _, dup := seen[w.Key]; dup {
-			return fmt.Errorf("events: batch write %d: key %q is written twice in one batch (a key at most once)", i, w.Key)
-		}
-		seen[w.Key] = struct{}{}
-	}
-	return nil
+	return checkDistinct(len(writes), MaxKVBatch, "writes", "key", "is written twice", func(i int) string { return writes[i].Key })
 }
