@@ -20,12 +20,13 @@ const (
 	batchCommitHeader = "Nats-Batch-Commit"
 )
 
-// JetStream error codes of atomic batches that mean nothing was written
-// and the messages may go one at a time: publish disabled on the stream
-// (10174), an incomplete batch (10176: a message of it was not received),
-// a batch larger than the server's max_batch_size (10199), too many
-// batches in flight (10210). A message id the stream holds (10201) refuses
-// the batch too: ErrBatchDuplicate.
+// JetStream error codes of atomic batches that mean nothing was written.
+// The stream takes no batch of this kind (ErrBatchUnsupported): publish
+// disabled on the stream (10174), a batch larger than the server's
+// max_batch_size (10199). This batch only (ErrBatchNotCommitted): an
+// incomplete batch (10176: a message of it was not received), too many
+// batches in flight on the stream (10210). A message id the stream holds
+// (10201) refuses the batch too: ErrBatchDuplicate.
 const (
 	jsAtomicDisabled   = 10174
 	jsAtomicIncomplete = 10176
@@ -48,7 +49,10 @@ type batchAck struct {
 // names the batch in errors ("batch of 3 in bucket \"x\""). The server
 // checks every message before it stores any, and syncs the batch to disk
 // once. Errors: ErrBatchUnsupported when nothing was written and the
-// messages may go alone; ErrBatchDuplicate; mapJetStreamError's (a stale
+// stream takes no such batch (the messages may go alone);
+// ErrBatchNotCommitted when nothing was written this time (the connection
+// failed before the commit was sent, no server took it, the stream had
+// too many batches open); ErrBatchDuplicate; mapJetStreamError's (a stale
 // expectation wraps ErrConflict); anything else leaves the outcome
 // unknown.
 func publishBatch(ctx context.Context, nc *nats.Conn, what, stream string, msgs []*nats.Msg) ([]uint64, error) {
@@ -65,17 +69,23 @@ func publishBatch(ctx context.Context, nc *nats.Conn, what, stream string, msgs 
 		if i < len(msgs)-1 {
 			// No reply: a message the server refuses fails the commit.
 			if err := nc.PublishMsg(m); err != nil {
-				return nil, fmt.Errorf("events: %s: %w: %w (nothing committed)", what, ErrBatchUnsupported, err)
+				// The commit was never sent (the connection failed): the
+				// server drops what it received of the batch. This says
+				// nothing of the stream's batches — taken for a refusal,
+				// it turned a real takeover's batches off for a minute.
+				return nil, fmt.Errorf("events: %s: %w: %w", what, ErrBatchNotCommitted, err)
 			}
 			continue
 		}
 		m.Header.Set(batchCommitHeader, "1")
 		var err error
 		if resp, err = nc.RequestMsgWithContext(ctx, m); err != nil {
-			if errors.Is(err, nats.ErrNoResponders) {
+			if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrReconnectBufExceeded) {
 				// No server took the commit (a stream leader being
-				// elected): nothing was written.
-				err = fmt.Errorf("%w: %w", ErrBatchUnsupported, err)
+				// elected), or the commit was never sent (the
+				// connection is reconnecting and buffers nothing):
+				// nothing was written.
+				err = fmt.Errorf("%w: %w", ErrBatchNotCommitted, err)
 			}
 			return nil, fmt.Errorf("events: %s: %w", what, err)
 		}
@@ -86,8 +96,10 @@ func publishBatch(ctx context.Context, nc *nats.Conn, what, stream string, msgs 
 	}
 	if ack.Error != nil {
 		switch ack.Error.ErrorCode {
-		case jsAtomicDisabled, jsAtomicIncomplete, jsAtomicTooLarge, jsAtomicInflight:
+		case jsAtomicDisabled, jsAtomicTooLarge:
 			return nil, fmt.Errorf("events: %s: %w: %w", what, ErrBatchUnsupported, ack.Error)
+		case jsAtomicIncomplete, jsAtomicInflight:
+			return nil, fmt.Errorf("events: %s: %w: %w", what, ErrBatchNotCommitted, ack.Error)
 		case jsAtomicDuplicate:
 			return nil, fmt.Errorf("events: %s: %w: %w", what, ErrBatchDuplicate, ack.Error)
 		}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -1019,5 +1021,147 @@ func allowAtomic(tb testing.TB, js jetstream.JetStream, stream string, on bool) 
 	cfg.AllowAtomicPublish = on
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
 		tb.Fatalf("allow_atomic %v on %s: %v", on, stream, err)
+	}
+}
+
+// A batch whose connection fails before its commit is sent wrote nothing,
+// and says so with ErrBatchNotCommitted — never ErrBatchUnsupported, which
+// would turn a node's batches off though the stream takes them (a real
+// 10,000-pair takeover whose connection was given up ran a minute
+// without batches so). After the reconnection batches land again.
+func TestJetStreamBatchNotCommittedOnABrokenConnection(t *testing.T) {
+	codec := testCodec(t)
+	_, js, account := newTestLog(t, codec)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "kv", History: 4, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	allowAtomic(t, js, "KV_kv", true)
+
+	p := newCutProxy(t, testNATS.srv.Addr().String())
+	nc, err := nats.Connect("nats://"+p.addr(), nats.UserInfo(account, ""), nats.MaxReconnects(-1),
+		nats.ReconnectWait(20*time.Millisecond), nats.ReconnectBufSize(-1)) // as runtime.Connect: nothing buffered while reconnecting
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	pjs, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := events.NewJetStreamKV(ctx, pjs, "kv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, err := events.NewJetStreamLog(pjs, testStream, codec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := codec.Encode(&jsTestEvent{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	p.cut(true)
+	for deadline := time.Now().Add(10 * time.Second); nc.IsConnected(); {
+		if time.Now().After(deadline) {
+			t.Fatal("the client still connected 10 s after its proxy was cut")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for _, n := range []int{1, 3} { // 1: the commit is the only message; 3: two before it
+		writes := make([]events.KVWrite, n)
+		appends := make([]events.LogAppend, n)
+		for i := range n {
+			writes[i] = events.KVWrite{Key: fmt.Sprintf("p%d.leader", i), Value: []byte("x")}
+			appends[i] = events.LogAppend{Subject: fmt.Sprintf("ev.p%d", i), Data: data}
+		}
+		_, err := kv.WriteBatch(ctx, writes)
+		if !errors.Is(err, events.ErrBatchNotCommitted) || errors.Is(err, events.ErrBatchUnsupported) {
+			t.Fatalf("WriteBatch of %d while reconnecting: %v; want ErrBatchNotCommitted only", n, err)
+		}
+		_, err = log.AppendBatch(ctx, appends)
+		if !errors.Is(err, events.ErrBatchNotCommitted) || errors.Is(err, events.ErrBatchUnsupported) {
+			t.Fatalf("AppendBatch of %d while reconnecting: %v; want ErrBatchNotCommitted only", n, err)
+		}
+	}
+
+	p.cut(false)
+	for deadline := time.Now().Add(10 * time.Second); !nc.IsConnected(); {
+		if time.Now().After(deadline) {
+			t.Fatal("the client not reconnected 10 s after its proxy was healed")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := kv.WriteBatch(ctx, []events.KVWrite{{Key: "p0.leader", Value: []byte("x")}, {Key: "p1.leader", Value: []byte("y")}}); err != nil {
+		t.Fatalf("WriteBatch after the reconnection: %v", err)
+	}
+	if _, err := log.AppendBatch(ctx, []events.LogAppend{{Subject: "ev.p0", Data: data}, {Subject: "ev.p1", Data: data}}); err != nil {
+		t.Fatalf("AppendBatch after the reconnection: %v", err)
+	}
+	if seq, err := log.LastSequence(ctx, "ev.p2"); err != nil || seq != 0 {
+		t.Fatalf("ev.p2, appended only while reconnecting: %d, %v; want nothing stored", seq, err)
+	}
+}
+
+// cutProxy forwards TCP connections to a server; cut(true) closes every
+// connection and refuses new ones until cut(false).
+type cutProxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	down   bool
+	conns  []net.Conn
+}
+
+func newCutProxy(tb testing.TB, target string) *cutProxy {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p := &cutProxy{ln: ln, target: target}
+	tb.Cleanup(func() { ln.Close(); p.cut(true) })
+	go p.accept()
+	return p
+}
+
+func (p *cutProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *cutProxy) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		if p.down {
+			p.mu.Unlock()
+			c.Close()
+			continue
+		}
+		s, err := net.Dial("tcp", p.target)
+		if err != nil {
+			p.mu.Unlock()
+			c.Close()
+			continue
+		}
+		p.conns = append(p.conns, c, s)
+		p.mu.Unlock()
+		go func() { _, _ = io.Copy(s, c); s.Close() }()
+		go func() { _, _ = io.Copy(c, s); c.Close() }()
+	}
+}
+
+func (p *cutProxy) cut(down bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = down
+	if down {
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.conns = nil
 	}
 }

@@ -29,6 +29,14 @@ var (
 	// them off); nothing was written. Write one at a time.
 	ErrBatchUnsupported = errors.New("events: the store takes no atomic batches here")
 
+	// ErrBatchNotCommitted: a batch was not committed this time, and
+	// nothing of it was written — the connection failed before its commit
+	// was sent, no server took the commit (a stream leader being elected),
+	// the server received it incomplete, or the stream had too many
+	// batches open. Unlike ErrBatchUnsupported it says nothing of later
+	// batches: the writes may be sent again, alone or batched.
+	ErrBatchNotCommitted = errors.New("events: the batch was not committed, nothing was written")
+
 	// ErrBatchDuplicate: an append of a batch carries a message id the
 	// stream has stored within its duplicate window, so the batch was
 	// refused and nothing was written. Which append is not said; alone,
@@ -193,8 +201,9 @@ type LogBatcher interface {
 	// cases nothing is written and which append is not said (append them
 	// alone to find out, where the same rules as Append's answer). An
 	// error wrapping ErrBatchUnsupported says the stream takes no batches
-	// at the moment (nothing was written); any other error leaves the
-	// outcome unknown, as for any append.
+	// at the moment, one wrapping ErrBatchNotCommitted that this batch was
+	// not committed (in both, nothing was written); any other error leaves
+	// the outcome unknown, as for any append.
 	AppendBatch(ctx context.Context, appends []LogAppend) ([]Ack, error)
 }
 
@@ -332,9 +341,10 @@ type KVBatcher interface {
 	// fails the whole batch with an error wrapping ErrConflict, and nothing
 	// is written; which write failed is not said (write them one at a
 	// time, or in smaller batches, to find out). An error wrapping
-	// ErrBatchUnsupported says the bucket takes no batches at the moment
-	// (nothing was written); any other error leaves the outcome unknown,
-	// as for any write.
+	// ErrBatchUnsupported says the bucket takes no batches at the moment,
+	// one wrapping ErrBatchNotCommitted that this batch was not committed
+	// (in both, nothing was written); any other error leaves the outcome
+	// unknown, as for any write.
 	WriteBatch(ctx context.Context, writes []KVWrite) ([]uint64, error)
 }
 

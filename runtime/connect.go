@@ -174,7 +174,9 @@ func Connect(ctx context.Context, o ConnectOptions, log *slog.Logger) (*nats.Con
 			dialer.detached.Store(true)
 			home.connected(nc)
 			home.start(nc)
-			go (&deadWatch{deadAfter: deadAfter, log: log, home: home}).run(nc)
+			side := append([]nats.Option{nats.Name(o.Name + " (probe of a silent connection's server)"), nats.SetCustomDialer(dialer),
+				nats.NoReconnect(), nats.IgnoreDiscoveredServers()}, auth...)
+			go (&deadWatch{deadAfter: deadAfter, log: log, home: home, side: side}).run(nc)
 			log.Info("nats connected", "url", nc.ConnectedUrlRedacted(), "server", nc.ConnectedServerName(), "attempt", attempt,
 				"detect_within", deadAfter)
 			return nc, nil
@@ -258,14 +260,33 @@ const noClientPings = 24 * time.Hour
 // 7 s later. A server that delivers is alive; one cut off delivers
 // nothing (over TCP, a client whose acknowledgements do not reach the
 // server stops receiving within a retransmission timeout).
+//
+// Nor is a server given up that answers a new connection while this one
+// hears nothing: its read loop for this connection waits on the disk
+// syncs of the requests before (a store whose disk stalls for a second
+// under a takeover's writes), and leaving it would fail them all — a
+// 10,000-pair takeover lost its batches so. Once a ping has waited a ping
+// interval for its pong, a side connection to the same server pings it
+// too; at DeadAfter the server is kept while the side connection
+// answered within DeadAfter, up to maxBusyFor DeadAfters of silence (a
+// connection the network broke alone never recovers). A server cut off
+// answers no new connection either, and is given up within DeadAfter as
+// before.
 type deadWatch struct {
 	deadAfter time.Duration
 	log       *slog.Logger
 	home      *homeward
+	side      []nats.Option // a side connection's (see probeSide)
 
 	answered atomic.Int64 // unix nanos of the latest pong
 	pinging  atomic.Bool  // a ping waits for its pong
+	sideAt   atomic.Int64 // unix nanos of the side connection's latest answer
+	probing  atomic.Bool  // a side connection is being tried
 }
+
+// maxBusyFor bounds, in DeadAfters, how long a connection that hears
+// nothing is kept because its server answers a side connection.
+const maxBusyFor = 5
 
 func (d *deadWatch) run(nc *nats.Conn) {
 	every := max(pingInterval(d.deadAfter)/2, minPingInterval)
@@ -273,13 +294,14 @@ func (d *deadWatch) run(nc *nats.Conn) {
 	defer t.Stop()
 	heard := time.Now()
 	var received uint64
+	var busySince time.Time // when a silent connection was first kept for its busy server (zero: none)
 	for range t.C {
 		if nc.IsClosed() {
 			return
 		}
 		now := time.Now()
 		if !nc.IsConnected() {
-			heard = now // reconnecting: nats.go's business; judged again once connected
+			heard, busySince = now, time.Time{} // reconnecting: nats.go's business; judged again once connected
 			continue
 		}
 		if in := nc.Stats().InMsgs; in != received {
@@ -288,13 +310,33 @@ func (d *deadWatch) run(nc *nats.Conn) {
 		if a := time.Unix(0, d.answered.Load()); a.After(heard) {
 			heard = a
 		}
-		if now.Sub(heard) > d.deadAfter {
+		silent := now.Sub(heard)
+		if !busySince.IsZero() && silent < d.deadAfter {
+			from, server := d.home.last()
+			d.log.Info("nats server answers this connection again", "url", from, "server", server,
+				"busy_for", heard.Sub(busySince).Round(time.Millisecond))
+			busySince = time.Time{}
+		}
+		if silent >= 2*pingInterval(d.deadAfter) && d.probing.CompareAndSwap(false, true) {
+			// A ping unanswered for a ping interval: ask a side
+			// connection, in time for the judgement at DeadAfter (and
+			// again while the server is kept busy).
+			go d.probeSide(nc.ConnectedUrl(), max(d.deadAfter-silent, pingInterval(d.deadAfter)))
+		}
+		busy := now.Sub(time.Unix(0, d.sideAt.Load())) <= d.deadAfter && silent <= maxBusyFor*d.deadAfter
+		if silent > d.deadAfter && busy && busySince.IsZero() {
+			busySince = heard
+			from, server := d.home.last()
+			d.log.Warn("nats server busy: it answers a new connection but nothing on this one yet; keeping it", "url", from, "server", server,
+				"silent_for", silent.Round(time.Millisecond), "detect_within", d.deadAfter, "keep_up_to", maxBusyFor*d.deadAfter)
+		}
+		if silent > d.deadAfter && !busy {
 			from, server := d.home.last()
 			d.log.Warn("nats server not answering, moving to the next server", "url", from, "server", server,
 				"detect_within", d.deadAfter, "ping_interval", pingInterval(d.deadAfter),
-				"error", fmt.Sprintf("no pong and no message for %v", now.Sub(heard).Round(time.Millisecond)))
+				"error", fmt.Sprintf("no pong and no message for %v", silent.Round(time.Millisecond)))
 			_ = nc.ForceReconnect()
-			heard = now
+			heard, busySince = now, time.Time{}
 			continue
 		}
 		if now.Sub(heard) >= pingInterval(d.deadAfter) && d.pinging.CompareAndSwap(false, true) {
@@ -305,6 +347,24 @@ func (d *deadWatch) run(nc *nats.Conn) {
 				}
 			}()
 		}
+	}
+}
+
+// probeSide connects to url on the side and round-trips a PING within
+// wait; an answer is recorded in sideAt.
+func (d *deadWatch) probeSide(url string, wait time.Duration) {
+	defer d.probing.Store(false)
+	if url == "" {
+		return
+	}
+	wait = max(wait, minPingInterval)
+	pc, err := nats.Connect(url, append(d.side, nats.Timeout(wait))...)
+	if err != nil {
+		return
+	}
+	defer pc.Close()
+	if pc.FlushTimeout(wait) == nil {
+		d.sideAt.Store(time.Now().UnixNano())
 	}
 }
 

@@ -243,6 +243,47 @@ func TestConnectKeepsABusyServerThatDelivers(t *testing.T) {
 	proxy.SetUpstreamHeld(false)
 }
 
+// A server that answers nothing on the client's connection — its read
+// loop for it waits on the disk syncs of the requests before — but
+// answers a new connection at once is busy, not dead: the client keeps
+// its connection (leaving would fail every request in flight), says so
+// once, and gives it up only after maxBusyFor DeadAfters of silence.
+func TestConnectKeepsAServerThatAnswersASideConnection(t *testing.T) {
+	const deadAfter = 600 * time.Millisecond
+	nc, proxy, _, other, rec := connectThroughProxy(t, deadAfter, -1)
+	if err := nc.FlushTimeout(time.Second); err != nil {
+		t.Fatal(err)
+	}
+
+	held := time.Now()
+	proxy.HoldOpen(true)
+	rec.waitFor(t, "nats server busy: it answers a new connection but nothing on this one yet; keeping it", 1, 5*time.Second)
+	time.Sleep(time.Until(held.Add(3 * deadAfter)))
+	if n := rec.matching("nats server not answering, moving to the next server"); len(n) > 0 {
+		t.Fatalf("a server that answered a side connection was given up after %s: %v", n[0].Time.Sub(held), n[0].Attrs)
+	}
+	if nc.ConnectedUrl() != proxy.URL() {
+		t.Fatalf("connected to %s, want %s still", nc.ConnectedUrl(), proxy.URL())
+	}
+
+	// Released within the bound, the connection delivers what waited.
+	proxy.HoldOpen(false)
+	rec.waitFor(t, "nats server answers this connection again", 1, 5*time.Second)
+	if err := nc.FlushTimeout(time.Second); err != nil {
+		t.Fatalf("the kept connection does not work once released: %v", err)
+	}
+
+	// Silent for longer than the bound: given up, busy or not.
+	held = time.Now()
+	proxy.HoldOpen(true)
+	l := rec.waitFor(t, "nats server not answering, moving to the next server", 1, maxBusyFor*deadAfter+5*time.Second)[0]
+	if gave := l.Time.Sub(held); gave < maxBusyFor*deadAfter-deadAfter || gave > maxBusyFor*deadAfter+time.Second {
+		t.Errorf("given up %s after its connection went silent, want about maxBusyFor × DeadAfter = %s", gave.Round(time.Millisecond), maxBusyFor*deadAfter)
+	}
+	waitConnectedTo(t, nc, other.ClientURL(), 5*time.Second)
+	proxy.HoldOpen(false)
+}
+
 // connectThroughProxy connects with Connect to a server behind a fault
 // proxy, then to a second one: the proxied server first in the list.
 func connectThroughProxy(t *testing.T, deadAfter, homeProbe time.Duration) (nc *nats.Conn, proxy *FaultProxy, home, other *EmbeddedNATS, rec *logRecorder) {

@@ -20,7 +20,13 @@ type FaultProxy struct {
 	held    bool // client to target only (SetUpstreamHeld)
 	closed  bool
 	conns   []net.Conn
+	pairs   []*proxied // the connections open (HoldOpen)
 	wg      sync.WaitGroup
+}
+
+// proxied is one forwarded connection.
+type proxied struct {
+	held bool // both directions (HoldOpen)
 }
 
 // NewFaultProxy listens on a free loopback port and forwards to target.
@@ -54,6 +60,20 @@ func (p *FaultProxy) SetBlocked(b bool) {
 func (p *FaultProxy) SetUpstreamHeld(h bool) {
 	p.mu.Lock()
 	p.held = h
+	p.mu.Unlock()
+	p.cond.Broadcast()
+}
+
+// HoldOpen stalls (true) both directions of the connections open now,
+// and only those: connections made later flow. false resumes every
+// connection held so. A server busy with one connection's requests (its
+// disk syncs, in that connection's read loop) answers nothing on it, but
+// answers a new one at once.
+func (p *FaultProxy) HoldOpen(h bool) {
+	p.mu.Lock()
+	for _, c := range p.pairs {
+		c.held = h
+	}
 	p.mu.Unlock()
 	p.cond.Broadcast()
 }
@@ -93,16 +113,18 @@ func (p *FaultProxy) accept() {
 			return
 		}
 		p.conns = append(p.conns, in, out)
+		c := &proxied{}
+		p.pairs = append(p.pairs, c)
 		p.mu.Unlock()
 		p.wg.Add(2)
-		go p.pipe(out, in, true)
-		go p.pipe(in, out, false)
+		go p.pipe(c, out, in, true)
+		go p.pipe(c, in, out, false)
 	}
 }
 
 // pipe copies src to dst, holding each chunk while the proxy is blocked
-// (or, upstream, while it holds what clients send).
-func (p *FaultProxy) pipe(dst, src net.Conn, upstream bool) {
+// (or, upstream, while it holds what clients send, or c is held).
+func (p *FaultProxy) pipe(c *proxied, dst, src net.Conn, upstream bool) {
 	defer p.wg.Done()
 	defer func() { _ = dst.Close(); _ = src.Close() }()
 	buf := make([]byte, 32<<10)
@@ -110,7 +132,7 @@ func (p *FaultProxy) pipe(dst, src net.Conn, upstream bool) {
 		n, err := src.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
-			for (p.blocked || upstream && p.held) && !p.closed {
+			for (p.blocked || upstream && p.held || c.held) && !p.closed {
 				p.cond.Wait()
 			}
 			closed := p.closed

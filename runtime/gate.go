@@ -452,14 +452,20 @@ func (g *storeGate) writeBatch(b events.KVBatcher, batch []*kvWrite) {
 		half := len(batch) / 2
 		g.writeBatch(b, batch[:half])
 		g.writeBatch(b, batch[half:])
-	case errors.Is(err, events.ErrBatchUnsupported):
-		// Nothing was written: each alone, a few at a time, and no batch
-		// for batchRetry.
-		g.metrics.batch("refused")
-		g.metrics.memberWrites("alone", len(batch))
-		if g.batchOff.Swap(time.Now().Add(batchRetry).UnixNano()) == 0 && g.onRefused != nil {
-			g.onRefused(err)
+	case errors.Is(err, events.ErrBatchUnsupported), errors.Is(err, events.ErrBatchNotCommitted):
+		// Nothing was written: each alone, a few at a time; refused by the
+		// bucket, no batch for batchRetry either. A batch only not
+		// committed (its connection failed before the commit, too many
+		// batches open) says nothing of the next: batches go on.
+		if errors.Is(err, events.ErrBatchUnsupported) {
+			g.metrics.batch("refused")
+			if g.batchOff.Swap(time.Now().Add(batchRetry).UnixNano()) == 0 && g.onRefused != nil {
+				g.onRefused(err)
+			}
+		} else {
+			g.metrics.batch("not_committed")
 		}
+		g.metrics.memberWrites("alone", len(batch))
 		next := make(chan *kvWrite, len(batch))
 		for _, w := range batch {
 			next <- w

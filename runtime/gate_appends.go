@@ -280,6 +280,15 @@ func (g *storeGate) sendAppends(ctx context.Context, jobs []*appendJob) {
 			g.onRefused(err)
 		}
 		g.requeue(jobs)
+	case errors.Is(err, events.ErrBatchNotCommitted):
+		// Nothing stored, this time only (its connection failed before
+		// the commit, too many batches open): each appender retries at
+		// its own pace, and nothing is uncertain. Requeued, a batch would
+		// be sent again at once, as fast as a broken connection refuses.
+		g.metrics.appendBatchOutcome("not_committed")
+		for _, j := range jobs {
+			g.answer(j, events.Ack{}, err)
+		}
 	default:
 		g.metrics.appendBatchOutcome("failed")
 		for _, j := range jobs {

@@ -345,6 +345,38 @@ func TestStoreGateAppendsAloneWhenBatchesAreRefused(t *testing.T) {
 	}
 }
 
+// A batch only not committed (its connection failed before the commit)
+// stored nothing: its appends are answered with the error, for their
+// appenders to retry, none is uncertain, and batches stay on — the
+// appends after it batch again and the node is told of no refusal.
+func TestStoreGateKeepsBatchingAfterAnAppendBatchNotCommitted(t *testing.T) {
+	g := countedGate()
+	defer g.stop()
+	var told atomic.Int64
+	g.onRefused = func(error) { told.Add(1) }
+	log := newCountingLog()
+	log.failBatch = func([]events.LogAppend) error {
+		return fmt.Errorf("batch: %w: nats: outbound buffer limit exceeded", events.ErrBatchNotCommitted)
+	}
+	appends := testAppends(t, 10)
+	for i, o := range queueHeld(t, g, log, holdTurns(t, g), appends, time.Now())() {
+		if !errors.Is(o.err, events.ErrBatchNotCommitted) {
+			t.Fatalf("append %d of the batch not committed: %+v, %v; want its error", i, o.ack, o.err)
+		}
+		if g.aq.uncertain.has(appends[i].Subject) {
+			t.Fatalf("append %d of a batch not committed is uncertain", i)
+		}
+	}
+	log.failBatch = nil
+	mustLand(t, queueHeld(t, g, log, holdTurns(t, g), appends, time.Now())())
+	if n, a := log.batches.Load(), log.alone.Load(); n != 2 || a != 0 {
+		t.Fatalf("%d batches, %d appends alone; want the batch not committed, then the retries batched", n, a)
+	}
+	if told.Load() != 0 {
+		t.Fatalf("the node was told %d times of refused batches, want never", told.Load())
+	}
+}
+
 // An append whose appender stops while it waits for its turn is dropped,
 // never sent, and no longer counted pending.
 func TestStoreGateDropsAppendsOfStoppedAppenders(t *testing.T) {

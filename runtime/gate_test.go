@@ -186,6 +186,7 @@ type batchCountingKV struct {
 	*events.MemoryKV
 	batches, singles atomic.Int64
 	refuse           bool
+	notCommitted     atomic.Int64 // this many batches more answer ErrBatchNotCommitted
 	// busy: a batch holding this key is refused as a replicated stream
 	// refuses one with a write to the key still being proposed (10164).
 	busy string
@@ -195,6 +196,9 @@ func (k *batchCountingKV) WriteBatch(ctx context.Context, ws []events.KVWrite) (
 	k.batches.Add(1)
 	if k.refuse {
 		return nil, events.ErrBatchUnsupported
+	}
+	if k.notCommitted.Add(-1) >= 0 {
+		return nil, fmt.Errorf("%w: nats: outbound buffer limit exceeded", events.ErrBatchNotCommitted)
 	}
 	for _, w := range ws {
 		if w.Key == k.busy {
@@ -594,6 +598,32 @@ func TestStoreGateWritesAloneWhenBatchesAreRefused(t *testing.T) {
 	}
 	if b := counterValue(t, g.metrics.writes, "batched"); kv.singles.Load() != 306 || told.Load() != 1 || b != 0 || counterValue(t, g.metrics.batches, "refused") == 0 {
 		t.Errorf("%d single writes, refusal told %d times, %v batched: want 306 (300 and 6 second writes), 1, 0, and a refused batch counted", kv.singles.Load(), told.Load(), b)
+	}
+	waitNoKV(t, g)
+}
+
+// A batch only not committed (its connection failed before the commit)
+// wrote nothing: its writes go alone at once, and batches stay on — the
+// writes after it still batch, and the node is told of no refusal (a
+// real takeover whose connection was given up mid-batch once ran a
+// minute of single writes).
+func TestStoreGateKeepsBatchingAfterABatchNotCommitted(t *testing.T) {
+	g := countedGate()
+	defer g.stop()
+	var told atomic.Int64
+	g.onRefused = func(error) { told.Add(1) }
+	kv := &batchCountingKV{MemoryKV: events.NewMemoryKV("kv", nil)}
+	kv.notCommitted.Store(1)
+	errs := gateWrites(t, g, kv, 300, -1)
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("write %d: %v", i, err)
+		}
+	}
+	nc, landed := counterValue(t, g.metrics.batches, "not_committed"), counterValue(t, g.metrics.batches, "landed")
+	if nc != 1 || landed == 0 || told.Load() != 0 || g.batchOff.Load() != 0 || kv.singles.Load() >= 300 {
+		t.Errorf("%v batches not committed, %v landed, refusal told %d times, batches off until %d, %d single writes: want 1, some, never, never, the rest batched",
+			nc, landed, told.Load(), g.batchOff.Load(), kv.singles.Load())
 	}
 	waitNoKV(t, g)
 }

@@ -26,6 +26,7 @@ type logRecorder struct {
 }
 
 type logged struct {
+	Time  time.Time
 	Level slog.Level
 	Msg   string
 	Attrs map[string]slog.Value
@@ -57,7 +58,7 @@ func newLogRecorder(t *testing.T) (*slog.Logger, *logRecorder) {
 func (r *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
 
 func (r *logRecorder) Handle(_ context.Context, rec slog.Record) error {
-	l := logged{Level: rec.Level, Msg: rec.Message, Attrs: map[string]slog.Value{}}
+	l := logged{Time: rec.Time, Level: rec.Level, Msg: rec.Message, Attrs: map[string]slog.Value{}}
 	for _, a := range r.attrs {
 		l.Attrs[a.Key] = a.Value.Resolve()
 	}

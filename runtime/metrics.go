@@ -126,7 +126,7 @@ func NewMemberMetrics(reg prometheus.Registerer) *MemberMetrics {
 		}, []string{"how"}),
 		batches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "understudy_store_batches_total",
-			Help: "The node's atomic batches of member writes by outcome: landed, split (a conflict or a key in flight: halved), refused (the store took none: written one by one), failed (no answer by the earliest deadline, or another error).",
+			Help: "The node's atomic batches of member writes by outcome: landed, split (a conflict or a key in flight: halved), refused (the store took none: written one by one, and no batch for a minute), not_committed (this batch only: its connection failed before the commit, or too many batches were open; written one by one), failed (no answer by the earliest deadline, or another error).",
 		}, []string{"outcome"}),
 		appends: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "understudy_store_appends_total",
@@ -134,7 +134,7 @@ func NewMemberMetrics(reg prometheus.Registerer) *MemberMetrics {
 		}, []string{"how"}),
 		appendBatch: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "understudy_store_append_batches_total",
-			Help: "The node's atomic batches of event appends by outcome: landed, split (a stale expectation or a stored message id: halved), refused (the stream took none: appended one by one), failed (no answer in time, or another error).",
+			Help: "The node's atomic batches of event appends by outcome: landed, split (a stale expectation or a stored message id: halved), refused (the stream took none: appended one by one), not_committed (this batch only: its connection failed before the commit, or too many batches were open; each append retried by its appender), failed (no answer in time, or another error).",
 		}, []string{"outcome"}),
 	}
 	reg.MustRegister(m.writeLatency, m.degraded, m.serving, m.term, m.phase, m.failures, m.events, m.stops, m.writes, m.batches, m.appends, m.appendBatch)
