@@ -71,11 +71,6 @@ type HostOptions struct {
 	// heartbeat_timeout, and Node must be set.
 	Leadership Leadership
 
-	// EventsJS, when set, is the connection the members' event log is
-	// opened on (serve's second connection, see node.eventsConnection);
-	// nil: the failover bucket's.
-	EventsJS jetstream.JetStream
-
 	// wrapKV, when set, wraps the failover bucket (tests: a slow store).
 	wrapKV func(events.KV) events.KV
 }
@@ -302,11 +297,7 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 	var jkv *events.JetStreamKV
 	err := retryOpen(ctx, logger, func() (err error) {
 		if evlog == nil {
-			ejs := js
-			if opts.EventsJS != nil {
-				ejs = opts.EventsJS
-			}
-			if evlog, err = events.NewJetStreamLog(ejs, stream, Codec()); err != nil {
+			if evlog, err = events.NewJetStreamLog(js, stream, Codec()); err != nil {
 				return err
 			}
 		}

@@ -108,7 +108,6 @@ type node struct {
 
 	embedded    atomic.Pointer[EmbeddedNATS] // nil with an external NATS; read by /healthz
 	nc          atomic.Pointer[nats.Conn]
-	ncEvents    atomic.Pointer[nats.Conn] // the members' event appends' (see eventsConnection)
 	provisioned atomic.Bool
 	host        atomic.Pointer[Host]  // the failover members, once started
 	agent       atomic.Pointer[Agent] // the node's agent, once started
@@ -220,15 +219,8 @@ func (n *node) run(ctx context.Context) error {
 		if terr != nil {
 			return terr
 		}
-		ejs, eerr := n.eventsConnection(ctx, connect)
-		if eerr != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return eerr
-		}
 		host, err = StartHost(ctx, js, s.eventsStream, s.failoverBucket, s.members, HostOptions{Logger: n.log, Metrics: n.metrics.members, LibvirtDriver: s.libvirtDriver, Trust: trust,
-			Node: s.node, Leadership: s.leadership, EventsJS: ejs})
+			Node: s.node, Leadership: s.leadership})
 		if err != nil {
 			return fmt.Errorf("runtime: members: %w", err)
 		}
@@ -321,30 +313,6 @@ func (n *node) provision(ctx context.Context, js jetstream.JetStream, assets []A
 	}
 }
 
-// eventsConnection opens the members' second connection to NATS, for
-// their event appends only: the server reads each connection's requests
-// in order, one at a time, and syncs each write to disk before reading
-// the next, so on one connection a register write waited behind every
-// event append sent before it — in a 10,000-pair takeover, tens of
-// thousands of appends, each synced alone, held the registers back.
-// On connections of their own the server stores the registers (their
-// bucket's stream) and the events (theirs) side by side. The same
-// options as the node's connection: same servers, credentials and
-// detection of a dead server.
-func (n *node) eventsConnection(ctx context.Context, o ConnectOptions) (jetstream.JetStream, error) {
-	o.Name += " (events)"
-	nc, err := Connect(ctx, o, n.log.With("connection", "events"))
-	if err != nil {
-		return nil, err
-	}
-	n.ncEvents.Store(nc)
-	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(jetStreamTimeout(n.s.deadAfter)))
-	if err != nil {
-		return nil, fmt.Errorf("runtime: jetstream (events connection): %w", err)
-	}
-	return js, nil
-}
-
 // shutdown closes the HTTP server, the NATS connection and the embedded
 // server, in that order.
 func (n *node) shutdown(httpSrv *http.Server, httpDone <-chan struct{}) {
@@ -359,9 +327,6 @@ func (n *node) shutdown(httpSrv *http.Server, httpDone <-chan struct{}) {
 	if nc := n.nc.Load(); nc != nil {
 		nc.Close()
 		n.log.Debug("nats connection closed")
-	}
-	if nc := n.ncEvents.Load(); nc != nil {
-		nc.Close()
 	}
 	if es := n.embedded.Load(); es != nil {
 		es.Shutdown()
