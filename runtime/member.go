@@ -174,6 +174,10 @@ type memberActor struct {
 	// conflicted: another process appends to this member's subject; the
 	// member takes no more inputs and stops once its resource is fenced.
 	conflicted bool
+	// acquireFails counts the member's acquire_failed in a row, and
+	// acquireCause is the latest one's cause (see logLevel).
+	acquireFails int
+	acquireCause string
 	// handedOver is closed once the member no longer holds the register
 	// after a shutdown request.
 	handedOver chan struct{}
@@ -522,14 +526,46 @@ func transitionLevel(ev events.Event) slog.Level {
 	return slog.LevelDebug
 }
 
+// logLevel is transitionLevel, except for an acquire that fails again
+// for the same reason: a node taking thousands of pairs over while its
+// store is slow tries each every heartbeat until it lands, and logged
+// each time at warn it wrote 55,000 lines in the 20 s of a 10,000-pair
+// takeover (every one recorded in the member's events all the same).
+// The first failure of a run, and one for a new reason, are warned of;
+// the repeats are at debug; the outcome that ends the run (promoted,
+// promotion_rejected, resumed) is logged with the count of failed
+// attempts before it, returned with the level (0: none counted).
+func (a *memberActor) logLevel(ev events.Event) (slog.Level, int) {
+	lvl := transitionLevel(ev)
+	switch e := ev.(type) {
+	case *failover.AcquireFailed:
+		a.acquireFails++
+		if a.acquireFails > 1 && e.Cause == a.acquireCause {
+			lvl = slog.LevelDebug
+		}
+		a.acquireCause = e.Cause
+		return lvl, 0
+	case *failover.Promoted, *failover.PromotionRejected, *failover.Resumed, *failover.Started:
+		n := a.acquireFails
+		a.acquireFails, a.acquireCause = 0, ""
+		return lvl, n
+	}
+	return lvl, 0
+}
+
 func (a *memberActor) handle(r failover.Ready) {
 	for _, ev := range r.Events {
 		// Formatted only when logged: a node with thousands of members
 		// steps them thousands of times a second.
-		if lvl := transitionLevel(ev); a.log.Enabled(context.Background(), lvl) {
-			a.log.Log(context.Background(), lvl, "transition", "event", ev.EventType(), "detail", fmt.Sprintf("%+v", ev),
-				"phase", a.m.Phase().String(), "term", a.m.Term())
+		lvl, failed := a.logLevel(ev)
+		if !a.log.Enabled(context.Background(), lvl) {
+			continue
 		}
+		attrs := []any{"event", ev.EventType(), "detail", fmt.Sprintf("%+v", ev), "phase", a.m.Phase().String(), "term", a.m.Term()}
+		if failed > 0 {
+			attrs = append(attrs, "failed_attempts", failed)
+		}
+		a.log.Log(context.Background(), lvl, "transition", attrs...)
 	}
 	a.gauges.observe(a.m, r.Events)
 	a.app.add(r.Events...)
