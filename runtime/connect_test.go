@@ -250,9 +250,22 @@ func TestConnectKeepsABusyServerThatDelivers(t *testing.T) {
 // once, and gives it up only after maxBusyFor DeadAfters of silence.
 func TestConnectKeepsAServerThatAnswersASideConnection(t *testing.T) {
 	const deadAfter = 600 * time.Millisecond
-	nc, proxy, _, other, rec := connectThroughProxy(t, deadAfter, -1)
+	nc, proxy, home, other, rec := connectThroughProxy(t, deadAfter, -1)
 	if err := nc.FlushTimeout(time.Second); err != nil {
 		t.Fatal(err)
+	}
+	// Idle, its pongs in time: no side connection is ever made.
+	conns := func() uint64 {
+		v, err := home.srv.Varz(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v.TotalConnections
+	}
+	before := conns()
+	time.Sleep(4 * deadAfter)
+	if n := conns() - before; n != 0 {
+		t.Fatalf("%d side connections to a server that answered every ping in time", n)
 	}
 
 	held := time.Now()
@@ -276,6 +289,9 @@ func TestConnectKeepsAServerThatAnswersASideConnection(t *testing.T) {
 	// Silent for longer than the bound: given up, busy or not.
 	held = time.Now()
 	proxy.HoldOpen(true)
+	if conns() == before {
+		t.Fatal("no side connection was made while the server kept silent")
+	}
 	l := rec.waitFor(t, "nats server not answering, moving to the next server", 1, maxBusyFor*deadAfter+5*time.Second)[0]
 	if gave := l.Time.Sub(held); gave < maxBusyFor*deadAfter-deadAfter || gave > maxBusyFor*deadAfter+time.Second {
 		t.Errorf("given up %s after its connection went silent, want about maxBusyFor × DeadAfter = %s", gave.Round(time.Millisecond), maxBusyFor*deadAfter)
