@@ -67,7 +67,7 @@ func (w *world) appendBatches() bool { return w.cfg.HostBatch > 1 && !w.cfg.Host
 // maxBatches: JetStream bounds a stream's open batches).
 func (w *world) appendBatchWaits(m *machine, x gated) bool {
 	gt := &m.gates[gateAppends]
-	return w.appendBatches() && !w.kvBusy(m) && gt.batches >= hostBatches && len(gt.wait) > 1 &&
+	return w.appendBatches() && !w.kvBusy(m) && !w.batchesOff(m, gateAppends) && gt.batches >= hostBatches && len(gt.wait) > 1 &&
 		w.now < x.by && w.now <= x.issueBy && !w.msgs[x.ref].alone
 }
 

@@ -40,6 +40,9 @@ func (w *world) faultStart(i int) {
 		w.isolate(f.Site, 1)
 	case f.Kind == FaultLeader:
 		w.moveLeader(f.Site)
+	case f.Kind == FaultDiskStall:
+		w.diskStall++
+		w.diskUntil = max(w.diskUntil, f.At+f.For)
 	case f.Site == NATS:
 		w.natsDown(f.Kind == FaultPowerCut)
 	default:
@@ -120,6 +123,13 @@ func (w *world) faultEnd(i int) {
 	w.faultEvent(w.scope(f.Site), -1)
 	if f.Kind == FaultIsolate {
 		w.isolate(f.Site, -1)
+		return
+	}
+	if f.Kind == FaultDiskStall {
+		w.diskStall--
+		if w.diskStall == 0 {
+			w.diskResume()
+		}
 		return
 	}
 	if f.Site == NATS {
@@ -224,6 +234,7 @@ func (w *world) natsDown(power bool) {
 	for _, m := range w.machines {
 		m.down.dropped = true // every connection breaks: watches resume later
 	}
+	w.diskDrop() // the writes its disk held are lost with it
 	for i := range w.cl.pending {
 		w.dropProposals(i) // a restarted leader has not committed them
 	}

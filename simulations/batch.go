@@ -68,6 +68,9 @@ type batchJob struct {
 	lo, hi   int             // the part in flight: refs[lo:hi]
 	todo     [][2]int        // parts still to send, the next last
 	conflict bool            // the part in flight was refused whole: an expectation failed
+	// notCommitted: the part in flight could not be sent, its node's
+	// client reconnecting (conn.go).
+	notCommitted bool
 	// The part in flight: its send (0: none unanswered), its request, the
 	// slot it holds, its node's process, and its earliest deadline, past
 	// which the node gives up on it (failed, abandoned: its answer is not
@@ -123,6 +126,10 @@ func (w *world) unpark(m *machine) {
 		if w.uncertainWrite(m, p.x.ref) {
 			w.count(cUncertain)
 			w.sendAlone(m, p.x, p.tok)
+			continue
+		}
+		if w.batchesOff(m, gateWrites) {
+			w.sendAlone(m, p.x, p.tok) // conn.go: batches off
 			continue
 		}
 		w.sendBatch(m, p.x, p.tok)
@@ -383,6 +390,11 @@ func (w *world) batchAnswered(m *machine, it item) {
 		return
 	}
 	w.batches[bi].sent = 0
+	if b := &w.batches[bi]; b.notCommitted {
+		b.notCommitted = false
+		w.batchNotCommitted(m, bi, ref)
+		return
+	}
 	if b := &w.batches[bi]; b.conflict && b.g == gateAppends {
 		// Appends: halves, one after the other (appendbatch.go).
 		b.conflict = false

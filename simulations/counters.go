@@ -87,6 +87,13 @@ const (
 	cAppendBatchSplit // a batch of appends was refused (an expectation stale, a message id held) and halved
 	cAppendBatchLate  // a batch of appends was not answered by its earliest append's deadline: every append of it failed
 	cAppendUncertain  // an append was queued while its subject's latest append may have landed unanswered: it goes alone
+	// The store's disk and the node's connection (conn.go).
+	cDiskHeld          // a write reached the server while its disk stalled: it waited for the stall's end
+	cConnGivenUp       // a node gave its connection up (heard nothing for heartbeat_timeout) and reconnected
+	cConnKeptBusy      // a node kept a silent connection because its server answered a side connection (a busy store)
+	cConnRefusedAtOnce // a request was refused at once by the node's client while it reconnected (nothing sent)
+	cBatchNotCommitted // a batch could not be sent (its connection reconnecting): not committed, nothing written
+	cBatchesOff        // HostConnNaive: a batch not committed was taken for a refusal; the node's batches off for a minute
 	numCounters
 )
 
@@ -164,6 +171,12 @@ var counterNames = [numCounters]string{
 	cAppendBatchSplit:        "host-batch-appends-split-on-conflict",
 	cAppendBatchLate:         "host-batch-appends-unanswered-by-deadline",
 	cAppendUncertain:         "host-append-uncertain-alone",
+	cDiskHeld:                "store-write-held-by-disk-stall",
+	cConnGivenUp:             "conn-given-up",
+	cConnKeptBusy:            "conn-kept-busy",
+	cConnRefusedAtOnce:       "conn-request-refused-reconnecting",
+	cBatchNotCommitted:       "host-batch-not-committed",
+	cBatchesOff:              "host-batches-off-for-a-minute",
 }
 
 func (c counterID) String() string { return counterNames[c] }

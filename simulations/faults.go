@@ -69,9 +69,13 @@ const (
 	// of NATS: the calm periods and liveness bounds go on, since a forged
 	// value must change nothing.
 	FaultForge
+	// FaultDiskStall stalls the store's disk (Site: nats): the server
+	// serves no write while it lasts — KV writes, batches and appends wait
+	// and are served in order when it ends — and stays reachable (conn.go).
+	FaultDiskStall
 )
 
-var faultNames = [...]string{"", "partition", "stall", "loss", "latency", "crash", "powercut", "pause", "jump", "serverclock", "proc", "switchover", "isolate", "watchlag", "leader", "replcut", "repllag", "forge"}
+var faultNames = [...]string{"", "partition", "stall", "loss", "latency", "crash", "powercut", "pause", "jump", "serverclock", "proc", "switchover", "isolate", "watchlag", "leader", "replcut", "repllag", "forge", "diskstall"}
 
 // Forge is what a FaultForge writes. The deployment is secured: the
 // runtime verifies the signature of every register value (runtime.ValueTrust),
@@ -240,7 +244,7 @@ func (f Fault) String() string {
 		args(f.Site, formatPermille(f.Loss))
 	case FaultLatency:
 		args(f.Site, f.Dir.String(), f.Value.String())
-	case FaultCrash, FaultPowerCut, FaultPause, FaultSwitchover, FaultIsolate, FaultLeader, FaultReplCut:
+	case FaultCrash, FaultPowerCut, FaultPause, FaultSwitchover, FaultIsolate, FaultLeader, FaultReplCut, FaultDiskStall:
 		args(f.Site)
 	case FaultReplLag:
 		args(f.Site, formatBytes(f.Bytes))
@@ -333,7 +337,7 @@ func FormatFaults(fs []Fault) string {
 //	proc(SITE,rejoin,fail|hang|slow)@AT+FOR
 //	forge(handoff,SITE[,by=SITE])@AT      forge(beats,SITE[,by=SITE])@AT+FOR
 //	forge(ready,SITE,KEY)@AT+FOR            forge(replay,SITE)@AT+FOR
-//	forge(msgid,SITE)@AT+FOR
+//	forge(msgid,SITE)@AT+FOR              diskstall(nats)@AT+FOR
 //
 // replcut, repllag and rejoin faults need the database mode (db-* scenarios).
 //
@@ -486,6 +490,15 @@ func parseFault(raw, primary, replica string) (Fault, error) {
 		}
 		f.Site, err = site(a[0], true)
 		return f, err
+	case FaultDiskStall:
+		if err := want(1, "nats"); err != nil {
+			return f, err
+		}
+		if a[0] != NATS {
+			return f, fmt.Errorf("site %q: the store's disk is the NATS server's: want diskstall(nats)", a[0])
+		}
+		f.Site = NATS
+		return f, needFor()
 	case FaultPause:
 		if err := want(1, "SITE"); err != nil {
 			return f, err

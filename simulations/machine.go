@@ -60,6 +60,17 @@ type machine struct {
 	// HostRaiseOnce: the raises of other nodes' epochs it has in flight
 	// or just answered.
 	raises map[raiseKey]*raiseFlight
+	// The writes of its connection the store holds while its disk stalls
+	// (conn.go), and with HostConnWatch its judgement of the connection:
+	// which one it is on (counted from 0), when it last heard anything on
+	// it, whether it is reconnecting or kept for a busy server, and until
+	// when its batches are off (HostConnNaive, by gate).
+	diskHeld     int
+	conn         uint32
+	heard        time.Duration
+	reconnecting bool
+	keptBusy     bool
+	batchOff     [2]time.Duration
 }
 
 // nodeName is the name of the node at site: node-a for site-a.
@@ -101,6 +112,9 @@ func (w *world) send(m *machine, up bool, ref int32) {
 	d, kind := &m.down, evDown
 	if up {
 		d, kind = &m.up, evUp
+	}
+	if w.connWatch() && w.onConn(m, up, ref) {
+		return // refused at once: the client reconnects (conn.go)
 	}
 	if d.drop > 0 {
 		d.dropped = true
@@ -173,6 +187,12 @@ func (w *world) storeRead(m *machine, by time.Duration) bool {
 			return false
 		}
 	}
+	if w.diskUntil >= by && w.diskHolds(m) {
+		return false // it waits behind its connection's writes, which wait for the disk (conn.go)
+	}
+	if w.connWatch() && m.reconnecting {
+		return false
+	}
 	return w.cfg.StoreWriteTime <= 0 || max(w.now, w.storeFree) < by
 }
 
@@ -192,6 +212,7 @@ func (w *world) start(m *machine) {
 	}
 	m.watch, m.deliveredRev = false, 0
 	m.regSeen, m.uncertain, m.appendUncertain = nil, nil, nil
+	m.heard, m.reconnecting, m.keptBusy, m.batchOff = w.now, false, false, [2]time.Duration{}
 	w.resync(m)
 	for _, s := range w.pairs {
 		s.armTick(s.nodes[m.idx])
@@ -290,7 +311,7 @@ func (w *world) resume(m *machine, id uint64) {
 // ordered consumer), and the machine skips what it has already seen. One
 // watch per machine, demultiplexed to its members by key.
 func (w *world) resync(m *machine) {
-	if !w.hosts(m) || !w.reachable(m) {
+	if !w.hosts(m) || !w.reachable(m) || m.reconnecting {
 		return
 	}
 	if !m.watch {
@@ -350,8 +371,8 @@ func (w *world) broadcast(pair int32, rev uint64, in failover.Input) {
 		if !w.hosts(m) || !m.watch {
 			continue
 		}
-		if !w.cl.connected(m.idx) {
-			m.down.dropped = true // its server has not applied it: the watch resumes on heal
+		if !w.cl.connected(m.idx) || m.reconnecting {
+			m.down.dropped = true // its server has not applied it, or its subscription is gone: the watch resumes on heal
 			continue
 		}
 		w.send(m, false, w.alloc(msg{kind: mEntry, inc: m.inc, rev: rev, in: in, pair: pair}))

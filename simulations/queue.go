@@ -27,6 +27,7 @@ const (
 	evStored                          // StoreWriteTime: the server has served a write that waited (ref)
 	evSlotDeadline                    // HostWriteBound: a request's deadline, its gate slot freed if held (node, ref = gate, gen = token)
 	evBatchDeadline                   // HostBatch: the earliest deadline of a batch part's writes, which fails it if unanswered (node, ref = batch, gen = its send)
+	evConnCheck                       // HostConnWatch: a machine judges its connection (node; gen 1: a reconnection attempt only)
 )
 
 // item is one entry of the event queue: ordered by (at, seq). It holds no

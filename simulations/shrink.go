@@ -156,6 +156,11 @@ func Command(cfg Config, pairConfig string) string {
 	if cfg.HostRaiseOnce {
 		b.WriteString(" --host-raise-once")
 	}
+	if cfg.HostConnNaive {
+		b.WriteString(" --host-conn-naive")
+	} else if cfg.HostConnWatch {
+		b.WriteString(" --host-conn-watch")
+	}
 	if cfg.FaultsSet {
 		b.WriteString(" --faults ")
 		b.WriteString(shellQuote(FormatFaults(cfg.Faults)))

@@ -87,6 +87,20 @@ type Config struct {
 	// the runtime's host performs them (raise.go); false: each member's
 	// raise is a member write like any other.
 	HostRaiseOnce bool
+	// HostConnWatch models the node's judgement of its connection to NATS
+	// (conn.go), the runtime's deadWatch since 30869e0: a connection that
+	// hears nothing for heartbeat_timeout is given up and reconnected,
+	// unless its server answers a side connection (a busy store: kept up
+	// to 5 heartbeat_timeouts of silence); a batch that could not be sent
+	// is not committed and its writes go alone, batches staying on. Off
+	// (the default), a connection is never given up, as before.
+	HostConnWatch bool
+	// HostConnNaive gives the connection the runtime's judgement before
+	// 30869e0 (implies HostConnWatch): no side connection, and a batch
+	// that could not be sent is taken for a refusal of batches, which the
+	// node then stops sending for a minute (kept by
+	// TestConnGivenUpUnderDiskStall; not a runtime's any more).
+	HostConnNaive bool
 }
 
 // DefaultPair is the pair the simulator runs when Config.Rules is zero.
@@ -260,6 +274,7 @@ type msg struct {
 	sent    time.Duration  // mWrite: when it was sent
 	seq     uint64         // mAppendAck
 	slot    uint64         // mWrite, mAppend, mBatch and their answers: the token of its node's gate slot (0: none)
+	conn    uint32         // HostConnWatch: the connection it went on (connStamp: its node's, never 0; 0: it went on no link; conn.go)
 	batch   int32          // mWrite, mAppend and their answers in a batch, mBatch, mBatchResult: 1 + the index of the batch (0: none)
 	run     uint64         // mStep
 	chain   procedure.ChainKind
@@ -449,8 +464,10 @@ func newWorld(cfg Config) (*world, error) {
 		switch {
 		case f.Kind == FaultServerClock:
 		case f.Site == Witness && (f.Kind == FaultIsolate || f.Kind == FaultLeader):
-		case f.Site == NATS && f.Kind != FaultCrash && f.Kind != FaultPowerCut:
-			return nil, fmt.Errorf("fault %s: only crash and powercut apply to nats", f)
+		case f.Site == NATS && f.Kind != FaultCrash && f.Kind != FaultPowerCut && f.Kind != FaultDiskStall:
+			return nil, fmt.Errorf("fault %s: only crash, powercut and diskstall apply to nats", f)
+		case f.Kind == FaultDiskStall && (f.Site != NATS || f.For <= 0):
+			return nil, fmt.Errorf("fault %s: want diskstall(nats)@AT+FOR", f)
 		case f.Site != NATS && !rules.Has(f.Site):
 			return nil, fmt.Errorf("fault %s: site %q is not a member of pair %s", f, f.Site, rules.Pair)
 		case f.Kind == FaultProc && (f.Chain < procedure.ChainFence || (f.Chain > procedure.ChainDemote && f.Chain != procedure.ChainRejoin) || f.Mode < ProcFail || f.Mode > ProcFailAll):
@@ -461,7 +478,7 @@ func newWorld(cfg Config) (*world, error) {
 			return nil, fmt.Errorf("fault %s: want a forged handoff, beats, ready heartbeats, or replays or message ids (without by=) for a duration", f)
 		case f.Kind == FaultForge && f.Forge == ForgeReady && (f.Key == "" || f.Key == f.Site):
 			return nil, fmt.Errorf("fault %s: a forged heartbeat needs a key other than the site it claims", f)
-		case f.Kind < FaultPartition || f.Kind > FaultForge || f.At < 0 || f.For < 0:
+		case f.Kind < FaultPartition || f.Kind > FaultDiskStall || f.At < 0 || f.For < 0:
 			return nil, fmt.Errorf("fault %s: invalid", f)
 		case (f.Kind == FaultPause || f.Kind == FaultIsolate || f.Kind == FaultWatchLag || f.Kind == FaultReplCut || f.Kind == FaultReplLag) && f.For <= 0:
 			return nil, fmt.Errorf("fault %s: needs a duration", f)
@@ -477,6 +494,11 @@ func newWorld(cfg Config) (*world, error) {
 	}
 	for _, m := range w.machines {
 		w.push(item{at: time.Duration(m.rng.Int64N(int64(50 * time.Millisecond))), kind: evRestart, node: int8(m.idx)})
+	}
+	if w.connWatch() {
+		for _, m := range w.machines {
+			w.push(item{at: w.connEvery() + time.Duration(m.idx), kind: evConnCheck, node: int8(m.idx)})
+		}
 	}
 	return w, nil
 }

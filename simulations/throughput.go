@@ -170,7 +170,7 @@ func (w *world) turns(m *machine, g int) {
 		if g == gateWrites && w.staleWrite(m, x.ref) {
 			continue // batch.go, rule 1
 		}
-		if g == gateWrites && len(gt.wait) > 0 && w.cfg.HostBatch > 1 && !isLive(&w.msgs[x.ref].write) {
+		if g == gateWrites && len(gt.wait) > 0 && w.cfg.HostBatch > 1 && !isLive(&w.msgs[x.ref].write) && !w.batchesOff(m, g) {
 			if w.uncertainWrite(m, x.ref) {
 				w.count(cUncertain) // batch.go, rule 3: alone
 				w.admit(m, g, x.ref, x.by)
@@ -179,7 +179,7 @@ func (w *world) turns(m *machine, g int) {
 			w.batchTurn(m, x)
 			continue
 		}
-		if g == gateAppends && len(gt.wait) > 0 && w.appendBatches() && !w.msgs[x.ref].alone && !w.kvBusy(m) {
+		if g == gateAppends && len(gt.wait) > 0 && w.appendBatches() && !w.msgs[x.ref].alone && !w.kvBusy(m) && !w.batchesOff(m, g) {
 			w.sendAppendBatch(m, x) // appendbatch.go
 			continue
 		}

@@ -78,6 +78,11 @@ type world struct {
 	// StoreWriteTime: the writes the store served (Result.StoreWrites),
 	// those of appends, and the appends they carried.
 	storeWrites, storeAppendWrites, storeAppends int
+	// diskstall(nats) (conn.go): stalls in force, the latest end of one,
+	// and the writes the server holds until then, in arrival order.
+	diskStall int
+	diskUntil time.Duration
+	diskHeld  []item
 }
 
 // multi: the run has several pairs (names in traces and violations).
@@ -177,13 +182,16 @@ func (w *world) dispatch(it item) int32 {
 		return all
 	case evUp:
 		p := w.msgs[it.ref].pair
-		if w.storeQueue(it) {
+		if w.diskHold(it) || w.storeQueue(it) {
 			return p
 		}
 		w.atServer(w.machines[it.node], it.ref)
 		return p
 	case evStored:
 		p := w.msgs[it.ref].pair
+		if w.diskHold(it) {
+			return p
+		}
 		w.atServer(w.machines[it.node], it.ref)
 		return p
 	case evSlotDeadline:
@@ -202,8 +210,15 @@ func (w *world) dispatch(it item) int32 {
 		w.batchDeadline(m, it.ref, it.gen)
 	case evDown:
 		p := w.msgs[it.ref].pair
+		if w.connWatch() && !w.heardOn(w.machines[it.node], it.ref) {
+			return p // the answer of a connection given up: never read
+		}
 		w.atNode(w.machines[it.node], it)
 		return p
+	case evConnCheck:
+		if !w.connCheck(w.machines[it.node], it.gen) {
+			return 0
+		}
 	case evStepDone:
 		s := w.pairs[w.msgs[it.ref].pair]
 		s.stepDone(s.nodes[it.node], it)

@@ -31,6 +31,8 @@ type simulateFlags struct {
 	hostBatch     int
 	noAppendBatch bool
 	raiseOnce     bool
+	connWatch     bool
+	connNaive     bool
 	faults        string
 	fsync         string
 	out           string
@@ -83,6 +85,8 @@ schedule delta debugging found. See docs/simulation.md.`,
 	fl.IntVar(&f.hostBatch, "host-batch", 0, "with --host-write-bound: a node sends its members' waiting KV writes in atomic batches of up to this many, served by the store as one write, as the runtime does (256); 0: one at a time")
 	fl.BoolVar(&f.noAppendBatch, "host-batch-no-appends", false, "with --host-batch: batch only the KV writes, each event append going alone as before the runtime batched them too (for comparison)")
 	fl.BoolVar(&f.raiseOnce, "host-raise-once", false, "with --leadership node: a node's members' raises of another node's epoch go outside --host-write-bound, identical ones as one write, as the runtime does")
+	fl.BoolVar(&f.connWatch, "host-conn-watch", false, "model the node's judgement of its NATS connection: silent for heartbeat_timeout, it is given up and reconnected unless its server answers a side connection (a busy store), as the runtime does (docs/simulation.md)")
+	fl.BoolVar(&f.connNaive, "host-conn-naive", false, "the judgement before the runtime's fix (implies --host-conn-watch): no side connection, and a batch broken by the reconnection turns batches off for a minute (for comparison)")
 	fl.StringVar(&f.faults, "faults", "", "fault schedule replacing the scenario's, e.g. 'partition(site-a,both)@12.5s+4s;crash(site-b)@1m'")
 	fl.StringVar(&f.fsync, "fsync", "", "simulated NATS durability: always or interval (default: always)")
 	fl.StringVar(&f.out, "out", "", "write the run's history to this file in the export format")
@@ -148,7 +152,7 @@ func runSimulate(cmd *cobra.Command, f simulateFlags, stdout, stderr io.Writer) 
 		return usage("--host-batch-no-appends needs --host-batch")
 	}
 	if f.swarm {
-		for _, name := range []string{"scenario", "seed", "faults", "out", "trace"} {
+		for _, name := range []string{"scenario", "seed", "faults", "out", "trace", "host-conn-watch", "host-conn-naive"} {
 			if set(name) {
 				return usage("--swarm runs the random scenario over --seeds: it takes no --%s", name)
 			}
@@ -173,7 +177,8 @@ func runSimulate(cmd *cobra.Command, f simulateFlags, stdout, stderr io.Writer) 
 		return usage("unknown scenario %q; see understudy simulate --list", f.scenario)
 	}
 	cfg := simulations.Config{Scenario: f.scenario, Seed: f.seed, Duration: f.duration, Rules: rules, AllowUnsafe: f.allowUnsafe, Fsync: fsync,
-		Leadership: lead, Pairs: f.pairs, StoreWriteTime: f.storeWrite, HostWriteBound: f.writeBound, HostBatch: f.hostBatch, HostBatchNoAppends: f.noAppendBatch, HostRaiseOnce: f.raiseOnce}
+		Leadership: lead, Pairs: f.pairs, StoreWriteTime: f.storeWrite, HostWriteBound: f.writeBound, HostBatch: f.hostBatch, HostBatchNoAppends: f.noAppendBatch, HostRaiseOnce: f.raiseOnce,
+		HostConnWatch: f.connWatch, HostConnNaive: f.connNaive}
 	if set("faults") {
 		fs, err := simulations.ParseFaults(f.faults, rules.Primary, rules.Replica)
 		if err != nil {
