@@ -196,8 +196,8 @@ func (w *nodeWatch) route(e events.Entry, session uint64) {
 		return
 	}
 	pair, _, ok := strings.Cut(e.Key, ".")
-	if !ok || pair == failover.LivenessPrefix {
-		return // not a pair's key (a probe of the store, say)
+	if !ok || pair == failover.LivenessPrefix || pair == failover.DeploymentPrefix {
+		return // not a pair's key (a probe of the store, the deployment's leadership)
 	}
 	keys := w.cache[pair]
 	if keys == nil {

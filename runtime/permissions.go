@@ -196,6 +196,10 @@ func (a permAssets) node(name string, sec *SecuritySection) *server.Permissions 
 	// their pairs over (a raise is signed: another node's beats it is
 	// not, nor a raise by a third node).
 	pub = append(pub, a.failover+failover.LivenessKey(name), a.failover+probeKey(name))
+	// The deployment's leadership, which the first node to start records
+	// (NATS cannot tell a create from an update: a node that may record it
+	// may change it, which can only make nodes refuse to start).
+	pub = append(pub, a.failover+failover.DeploymentLeadershipKey)
 	for _, other := range slices.Sorted(mapKeys(sec.Nodes)) {
 		if other != name && sharesPair(id, sec.Nodes[other]) {
 			pub = append(pub, a.failover+failover.LivenessKey(other))

@@ -16,6 +16,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"understudy/events"
 )
 
 // Timeouts of Serve's steps.
@@ -219,6 +221,12 @@ func (n *node) run(ctx context.Context) error {
 		if terr != nil {
 			return terr
 		}
+		if err := n.checkLeadership(ctx, js); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
 		host, err = StartHost(ctx, js, s.eventsStream, s.failoverBucket, s.members, HostOptions{Logger: n.log, Metrics: n.metrics.members, LibvirtDriver: s.libvirtDriver, Trust: trust,
 			Node: s.node, Leadership: s.leadership})
 		if err != nil {
@@ -311,6 +319,25 @@ func (n *node) provision(ctx context.Context, js jetstream.JetStream, assets []A
 		}
 		delay = min(2*delay, n.s.retry.Max)
 	}
+}
+
+// checkLeadership refuses to start members whose leadership is not the
+// deployment's (see checkDeploymentLeadership), within a minute.
+func (n *node) checkLeadership(ctx context.Context, js jetstream.JetStream) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var kv *events.JetStreamKV
+	if err := retryOpen(ctx, n.log, func() (err error) {
+		kv, err = events.NewJetStreamKV(ctx, js, n.s.failoverBucket)
+		return err
+	}); err != nil {
+		return fmt.Errorf("runtime: the deployment's leadership: %w", err)
+	}
+	node := n.s.node
+	if node == "" && len(n.s.members) > 0 {
+		node = n.s.members[0].Site // the site name of members that name no node
+	}
+	return checkDeploymentLeadership(ctx, kv, node, n.s.leadership, n.log)
 }
 
 // shutdown closes the HTTP server, the NATS connection and the embedded

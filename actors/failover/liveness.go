@@ -73,6 +73,15 @@ func ParseLeadership(s string) (Leadership, error) {
 // (Rules.ValidateShape).
 const LivenessPrefix = "_live"
 
+// DeploymentPrefix starts the keys of the deployment's own records in the
+// failover bucket; no pair may be named so (Rules.ValidateShape).
+const DeploymentPrefix = "_deployment"
+
+// DeploymentLeadershipKey holds the leadership every node of the
+// deployment runs, recorded by the first node that started with members
+// (runtime: checkDeploymentLeadership).
+const DeploymentLeadershipKey = DeploymentPrefix + ".leadership"
+
 // LivenessKey is node's liveness record, in the failover bucket (so that
 // its revisions compare with the registers').
 func LivenessKey(node string) string { return LivenessPrefix + "." + node }

@@ -17,6 +17,12 @@ func TestLivenessKeys(t *testing.T) {
 	if err := DefaultRules(LivenessPrefix, "a", "b").Validate(); err == nil {
 		t.Fatal("a pair named _live was accepted")
 	}
+	if err := DefaultRules(DeploymentPrefix, "a", "b").Validate(); err == nil {
+		t.Fatal("a pair named _deployment was accepted")
+	}
+	if LivenessNode(DeploymentLeadershipKey) != "" {
+		t.Fatalf("the deployment's leadership key %s reads as a node's liveness record", DeploymentLeadershipKey)
+	}
 }
 
 // The writer beats by CAS on its own last write, adopts a raised epoch

@@ -207,6 +207,9 @@ func (r Rules) ValidateShape() error {
 	if r.Pair == LivenessPrefix {
 		return &actors.ConfigError{Field: "pair", Rule: "must not be " + strconv.Quote(LivenessPrefix) + ": its keys hold the nodes' liveness records", Value: strconv.Quote(r.Pair)}
 	}
+	if r.Pair == DeploymentPrefix {
+		return &actors.ConfigError{Field: "pair", Rule: "must not be " + strconv.Quote(DeploymentPrefix) + ": its keys hold the deployment's own records", Value: strconv.Quote(r.Pair)}
+	}
 	if err := name("primary", r.Primary); err != nil {
 		return err
 	}

@@ -79,7 +79,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return &usageError{cmd: c.CommandPath(), err: err}
 	})
-	root.AddCommand(newServeCmd(stderr), newVersionCmd(stdout), newDemoCmd(stdout, stderr), newStatusCmd(stdout), newSwitchoverCmd(stdout), newPauseCmd(stdout), newResumeCmd(stdout), newFailoverCmd(stdout), newConfigCmd(stdout), newSimulateCmd(stdout, stderr), newExportCmd(stdout, stderr), newReplayCmd(stdout, stderr), newApplyCmd(stdout), newDeleteCmd(stdout), newGetCmd(stdout), newPingCmd(stdout), newPgKeeperCmd(), newInitCmd(stdout))
+	root.AddCommand(newServeCmd(stderr), newVersionCmd(stdout), newDemoCmd(stdout, stderr), newStatusCmd(stdout), newSwitchoverCmd(stdout), newPauseCmd(stdout), newResumeCmd(stdout), newLeadershipCmd(stdout), newFailoverCmd(stdout), newConfigCmd(stdout), newSimulateCmd(stdout, stderr), newExportCmd(stdout, stderr), newReplayCmd(stdout, stderr), newApplyCmd(stdout), newDeleteCmd(stdout), newGetCmd(stdout), newPingCmd(stdout), newPgKeeperCmd(), newInitCmd(stdout))
 	return root
 }
 

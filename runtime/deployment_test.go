@@ -1,0 +1,86 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+
+	"understudy/actors/failover"
+	"understudy/events"
+)
+
+// The first node to start records the deployment's leadership; a node
+// whose file says the same starts, one that says otherwise is refused
+// with both values, who recorded it and the way out.
+func TestDeploymentLeadershipIsRecordedAndEnforced(t *testing.T) {
+	ctx := context.Background()
+	kv := events.NewMemoryKV("failover", nil)
+	log := slog.New(slog.DiscardHandler)
+	if err := checkDeploymentLeadership(ctx, kv, "node-a", LeadershipNode, log); err != nil {
+		t.Fatalf("first node: %v", err)
+	}
+	e, err := kv.Get(ctx, failover.DeploymentLeadershipKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, l, err := DecodeDeploymentLeadership(e.Value)
+	if err != nil || l != LeadershipNode || d.By != "node-a" || d.At.IsZero() {
+		t.Fatalf("record %+v (%v), %v; want node, by node-a, dated", d, l, err)
+	}
+	if err := checkDeploymentLeadership(ctx, kv, "node-b", LeadershipNode, log); err != nil {
+		t.Fatalf("a node of the same leadership: %v", err)
+	}
+	err = checkDeploymentLeadership(ctx, kv, "node-c", LeadershipPerPair, log)
+	var mm *LeadershipMismatchError
+	if !errors.As(err, &mm) {
+		t.Fatalf("a per-pair node in a node deployment: %v; want a LeadershipMismatchError", err)
+	}
+	for _, want := range []string{"leadership:", "the node file says per-pair", "this deployment runs node", `node "node-a"`, failover.DeploymentLeadershipKey, "understudy leadership set per-pair"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("refusal %q does not say %q", err, want)
+		}
+	}
+	if e2, _ := kv.Get(ctx, failover.DeploymentLeadershipKey); e2.Revision != e.Revision {
+		t.Fatal("a refused node changed the record")
+	}
+}
+
+// Two nodes of different leadership starting at once: one records its
+// own, the other is refused — never both started.
+func TestDeploymentLeadershipRaceHasOneWinner(t *testing.T) {
+	for range 20 {
+		kv := events.NewMemoryKV("failover", nil)
+		log := slog.New(slog.DiscardHandler)
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for i, l := range []Leadership{LeadershipNode, LeadershipPerPair} {
+			wg.Go(func() { errs[i] = checkDeploymentLeadership(context.Background(), kv, "n", l, log) })
+		}
+		wg.Wait()
+		if (errs[0] == nil) == (errs[1] == nil) {
+			t.Fatalf("node: %v; per-pair: %v; want exactly one refused", errs[0], errs[1])
+		}
+	}
+}
+
+// A record that is not one (too large, not JSON, an unknown leadership)
+// refuses the start with a clear error and is left as it is.
+func TestDeploymentLeadershipRecordIsUntrusted(t *testing.T) {
+	for name, v := range map[string]string{
+		"too large": `{"leadership":"node","by":"` + strings.Repeat("x", maxDeploymentRecord) + `"}`,
+		"not json":  "node",
+		"unknown":   `{"leadership":"both","by":"x"}`,
+	} {
+		kv := events.NewMemoryKV("failover", nil)
+		if _, err := kv.Put(context.Background(), failover.DeploymentLeadershipKey, []byte(v)); err != nil {
+			t.Fatal(err)
+		}
+		err := checkDeploymentLeadership(context.Background(), kv, "n", LeadershipNode, slog.New(slog.DiscardHandler))
+		if err == nil || !strings.Contains(err.Error(), "leadership record") || !strings.Contains(err.Error(), "understudy leadership set") {
+			t.Errorf("%s: %v; want a refusal naming the record and the way out", name, err)
+		}
+	}
+}
