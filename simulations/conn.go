@@ -59,9 +59,8 @@ import (
 //
 // Not modelled: the server's per-connection read order beyond the disk
 // stall (a read or a ping behind a write the store queues, without a
-// stall, is answered at once), the separate connection of the runtime's
-// appends (992b88b: one link per machine here), and reconnecting to
-// another server of a list.
+// stall, is answered at once) and reconnecting to another server of a
+// list.
 
 const (
 	// maxBusyFor bounds, in DeadAfters, how long a silent connection is
