@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -177,7 +178,8 @@ type memberActor struct {
 	// acquireFails counts the member's acquire_failed in a row, and
 	// acquireCause is the latest one's cause (see logLevel).
 	acquireFails int
-	acquireCause string
+	acquireCause string // the kind of the latest one's cause (see logLevel)
+	acquireTerm  uint64 // the term it tried for
 	// handedOver is closed once the member no longer holds the register
 	// after a shutdown request.
 	handedOver chan struct{}
@@ -531,7 +533,9 @@ func transitionLevel(ev events.Event) slog.Level {
 // store is slow tries each every heartbeat until it lands, and logged
 // each time at warn it wrote 55,000 lines in the 20 s of a 10,000-pair
 // takeover (every one recorded in the member's events all the same).
-// The first failure of a run, and one for a new reason, are warned of;
+// The first failure of a run, and one of a new kind (the cause's first
+// word: timeout, unavailable, …; its details name batch sizes and
+// revisions that change every time) or for a new term, are warned of;
 // the repeats are at debug; the outcome that ends the run (promoted,
 // promotion_rejected, resumed) is logged with the count of failed
 // attempts before it, returned with the level (0: none counted).
@@ -539,15 +543,19 @@ func (a *memberActor) logLevel(ev events.Event) (slog.Level, int) {
 	lvl := transitionLevel(ev)
 	switch e := ev.(type) {
 	case *failover.AcquireFailed:
-		a.acquireFails++
-		if a.acquireFails > 1 && e.Cause == a.acquireCause {
+		kind, _, _ := strings.Cut(e.Cause, ":")
+		if a.acquireFails > 0 && e.Term != a.acquireTerm {
+			a.acquireFails = 0 // another takeover: a new run
+		}
+		if a.acquireFails > 0 && kind == a.acquireCause {
 			lvl = slog.LevelDebug
 		}
-		a.acquireCause = e.Cause
+		a.acquireFails++
+		a.acquireCause, a.acquireTerm = kind, e.Term
 		return lvl, 0
 	case *failover.Promoted, *failover.PromotionRejected, *failover.Resumed, *failover.Started:
 		n := a.acquireFails
-		a.acquireFails, a.acquireCause = 0, ""
+		a.acquireFails, a.acquireCause, a.acquireTerm = 0, "", 0
 		return lvl, n
 	}
 	return lvl, 0
