@@ -41,7 +41,9 @@ type ConnectOptions struct {
 	// answering (a partition, not a closed socket) goes unnoticed: the
 	// client pings every DeadAfter/(MaxPingsOutstanding+1) and gives the
 	// server up once DeadAfter has passed with no pong and no message
-	// received, then moves to the next server of URL (see deadWatch).
+	// received, then moves to the next server of URL — unless the server
+	// answers a new connection meanwhile (busy, not cut off: kept up to
+	// maxBusyFor DeadAfters; see deadWatch).
 	// Serve sets it to the smallest heartbeat_timeout of the node's
 	// pairs; zero means DefaultDeadAfter.
 	DeadAfter time.Duration
@@ -102,8 +104,10 @@ func jetStreamTimeout(deadAfter time.Duration) time.Duration {
 // reconnect logic); disconnections and reconnections are logged. The
 // servers of URL are tried in the order given (never shuffled): list the
 // node's own site's server first. A server that stops answering is given
-// up within DeadAfter, logged as "nats server not answering, moving to
-// the next server", and the client moves to the next server of the list;
+// up within DeadAfter (a server that answers a new connection meanwhile
+// is busy, and kept up to maxBusyFor DeadAfters), logged as "nats server
+// not answering, moving to the next server", and the client moves to
+// the next server of the list;
 // while it is away from the first one, it checks every HomeProbe whether
 // that one answers again and then moves back (see HomeProbe).
 //
@@ -176,7 +180,7 @@ func Connect(ctx context.Context, o ConnectOptions, log *slog.Logger) (*nats.Con
 			home.start(nc)
 			side := append([]nats.Option{nats.Name(o.Name + " (probe of a silent connection's server)"), nats.SetCustomDialer(dialer),
 				nats.NoReconnect(), nats.IgnoreDiscoveredServers()}, auth...)
-			go (&deadWatch{deadAfter: deadAfter, log: log, home: home, side: side}).run(nc)
+			go (&deadWatch{deadAfter: deadAfter, log: log, home: home, sideOpts: side}).run(nc)
 			log.Info("nats connected", "url", nc.ConnectedUrlRedacted(), "server", nc.ConnectedServerName(), "attempt", attempt,
 				"detect_within", deadAfter)
 			return nc, nil
@@ -271,17 +275,26 @@ const noClientPings = 24 * time.Hour
 // answered within DeadAfter, up to maxBusyFor DeadAfters of silence (a
 // connection the network broke alone never recovers). A server cut off
 // answers no new connection either, and is given up within DeadAfter as
-// before.
+// before; one whose old connection alone is cut (a firewall that lost
+// its state, a close that never arrived) is given up only after
+// maxBusyFor DeadAfters. An answer counts only for the server the
+// connection is still on.
 type deadWatch struct {
 	deadAfter time.Duration
 	log       *slog.Logger
 	home      *homeward
-	side      []nats.Option // a side connection's (see probeSide)
+	sideOpts  []nats.Option // a side connection's (see probeSide)
 
-	answered atomic.Int64 // unix nanos of the latest pong
-	pinging  atomic.Bool  // a ping waits for its pong
-	sideAt   atomic.Int64 // unix nanos of the side connection's latest answer
-	probing  atomic.Bool  // a side connection is being tried
+	answered atomic.Int64               // unix nanos of the latest pong
+	pinging  atomic.Bool                // a ping waits for its pong
+	side     atomic.Pointer[sideAnswer] // the side connection's latest answer
+	probing  atomic.Bool                // a side connection is being tried
+}
+
+// sideAnswer is a side connection's answer: when, and from which server.
+type sideAnswer struct {
+	at  time.Time
+	url string
 }
 
 // maxBusyFor bounds, in DeadAfters, how long a connection that hears
@@ -323,7 +336,8 @@ func (d *deadWatch) run(nc *nats.Conn) {
 			// again while the server is kept busy).
 			go d.probeSide(nc.ConnectedUrl(), max(d.deadAfter-silent, pingInterval(d.deadAfter)))
 		}
-		busy := now.Sub(time.Unix(0, d.sideAt.Load())) <= d.deadAfter && silent <= maxBusyFor*d.deadAfter
+		sa := d.side.Load()
+		busy := sa != nil && sa.url == nc.ConnectedUrl() && now.Sub(sa.at) <= d.deadAfter && silent <= maxBusyFor*d.deadAfter
 		if silent > d.deadAfter && busy && busySince.IsZero() {
 			busySince = heard
 			from, server := d.home.last()
@@ -350,22 +364,28 @@ func (d *deadWatch) run(nc *nats.Conn) {
 	}
 }
 
-// probeSide connects to url on the side and round-trips a PING within
-// wait; an answer is recorded in sideAt.
+// probeSide pings url on a side connection within about wait (the dial
+// is bounded by the dialer's timeout too); an answer is recorded in side.
 func (d *deadWatch) probeSide(url string, wait time.Duration) {
 	defer d.probing.Store(false)
 	if url == "" {
 		return
 	}
 	wait = max(wait, minPingInterval)
-	pc, err := nats.Connect(url, append(d.side, nats.Timeout(wait))...)
+	if sidePing(url, append(d.sideOpts, nats.Timeout(wait)), wait) == nil {
+		d.side.Store(&sideAnswer{at: time.Now(), url: url})
+	}
+}
+
+// sidePing connects to url with opts on the side and round-trips a PING
+// within wait: whether that server answers a new connection.
+func sidePing(url string, opts []nats.Option, wait time.Duration) error {
+	pc, err := nats.Connect(url, opts...)
 	if err != nil {
-		return
+		return err
 	}
 	defer pc.Close()
-	if pc.FlushTimeout(wait) == nil {
-		d.sideAt.Store(time.Now().UnixNano())
-	}
+	return pc.FlushTimeout(wait)
 }
 
 // jitter picks a delay uniformly in [d/2, d].
@@ -547,11 +567,4 @@ func (h *homeward) run(nc *nats.Conn) {
 }
 
 // ping connects to the first server on the side and round-trips a PING.
-func (h *homeward) ping() error {
-	pc, err := nats.Connect(h.homeURL, h.opts...)
-	if err != nil {
-		return err
-	}
-	defer pc.Close()
-	return pc.FlushTimeout(h.wait)
-}
+func (h *homeward) ping() error { return sidePing(h.homeURL, h.opts, h.wait) }

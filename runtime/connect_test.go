@@ -264,8 +264,8 @@ func TestConnectKeepsAServerThatAnswersASideConnection(t *testing.T) {
 	}
 	before := conns()
 	time.Sleep(4 * deadAfter)
-	if n := conns() - before; n != 0 {
-		t.Fatalf("%d side connections to a server that answered every ping in time", n)
+	if n := conns() - before; n > 1 { // one pong late under load may ask once; one a check would be 12
+		t.Fatalf("%d side connections to an idle server in %s", n, 4*deadAfter)
 	}
 
 	held := time.Now()
@@ -287,14 +287,15 @@ func TestConnectKeepsAServerThatAnswersASideConnection(t *testing.T) {
 	}
 
 	// Silent for longer than the bound: given up, busy or not.
+	before = conns()
 	held = time.Now()
 	proxy.HoldOpen(true)
-	if conns() == before {
-		t.Fatal("no side connection was made while the server kept silent")
-	}
 	l := rec.waitFor(t, "nats server not answering, moving to the next server", 1, maxBusyFor*deadAfter+5*time.Second)[0]
 	if gave := l.Time.Sub(held); gave < maxBusyFor*deadAfter-deadAfter || gave > maxBusyFor*deadAfter+time.Second {
 		t.Errorf("given up %s after its connection went silent, want about maxBusyFor × DeadAfter = %s", gave.Round(time.Millisecond), maxBusyFor*deadAfter)
+	}
+	if conns() == before {
+		t.Fatal("no side connection was made while the server kept silent")
 	}
 	waitConnectedTo(t, nc, other.ClientURL(), 5*time.Second)
 	proxy.HoldOpen(false)

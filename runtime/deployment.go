@@ -64,14 +64,32 @@ func (e *LeadershipMismatchError) Error() string {
 		e.File, e.Deployment.Leadership, e.Key, e.Deployment.By, e.Deployment.At.UTC().Format(time.RFC3339), e.Deployment.Leadership, e.File)
 }
 
+// leadershipRefusal is a record that does not decode: the start is
+// refused, as for a *LeadershipMismatchError.
+type leadershipRefusal struct{ error }
+
+func (r leadershipRefusal) Unwrap() error { return r.error }
+
+// refusesStart reports whether err of checkDeploymentLeadership refuses
+// the start; any other error is the store's, worth another try.
+func refusesStart(err error) bool {
+	var mm *LeadershipMismatchError
+	var rf leadershipRefusal
+	return errors.As(err, &mm) || errors.As(err, &rf)
+}
+
 // checkDeploymentLeadership compares the node file's leadership with the
-// deployment's record, recording it when there is none yet. A record
-// that disagrees, or that cannot be read, refuses the start.
-func checkDeploymentLeadership(ctx context.Context, kv events.KV, node string, l Leadership, log *slog.Logger) error {
+// deployment's record, recording it when there is none yet and record is
+// set (a node that starts with members; an agent's node without any
+// only compares). A record that disagrees, or that cannot be read,
+// refuses the start (refusesStart).
+func checkDeploymentLeadership(ctx context.Context, kv events.KV, node string, l Leadership, record bool, log *slog.Logger) error {
 	key := failover.DeploymentLeadershipKey
 	for range 3 {
 		e, err := kv.Get(ctx, key)
 		switch {
+		case errors.Is(err, events.ErrNotFound) && !record:
+			return nil
 		case errors.Is(err, events.ErrNotFound):
 			v, _ := json.Marshal(DeploymentLeadership{Leadership: l.String(), By: node, At: time.Now().UTC()})
 			if _, err := kv.Create(ctx, key, v); errors.Is(err, events.ErrConflict) {
@@ -86,7 +104,7 @@ func checkDeploymentLeadership(ctx context.Context, kv events.KV, node string, l
 		}
 		d, dl, err := DecodeDeploymentLeadership(e.Value)
 		if err != nil {
-			return fmt.Errorf("%w (key %s, revision %d); record it again with `understudy leadership set node|per-pair` once every node is stopped", err, key, e.Revision)
+			return leadershipRefusal{fmt.Errorf("%w (key %s, revision %d); record it again with `understudy leadership set node|per-pair` once every node is stopped", err, key, e.Revision)}
 		}
 		if dl != l {
 			return &LeadershipMismatchError{File: l, Deployment: d, Key: key}

@@ -19,7 +19,7 @@ func TestDeploymentLeadershipIsRecordedAndEnforced(t *testing.T) {
 	ctx := context.Background()
 	kv := events.NewMemoryKV("failover", nil)
 	log := slog.New(slog.DiscardHandler)
-	if err := checkDeploymentLeadership(ctx, kv, "node-a", LeadershipNode, log); err != nil {
+	if err := checkDeploymentLeadership(ctx, kv, "node-a", LeadershipNode, true, log); err != nil {
 		t.Fatalf("first node: %v", err)
 	}
 	e, err := kv.Get(ctx, failover.DeploymentLeadershipKey)
@@ -30,12 +30,12 @@ func TestDeploymentLeadershipIsRecordedAndEnforced(t *testing.T) {
 	if err != nil || l != LeadershipNode || d.By != "node-a" || d.At.IsZero() {
 		t.Fatalf("record %+v (%v), %v; want node, by node-a, dated", d, l, err)
 	}
-	if err := checkDeploymentLeadership(ctx, kv, "node-b", LeadershipNode, log); err != nil {
+	if err := checkDeploymentLeadership(ctx, kv, "node-b", LeadershipNode, true, log); err != nil {
 		t.Fatalf("a node of the same leadership: %v", err)
 	}
-	err = checkDeploymentLeadership(ctx, kv, "node-c", LeadershipPerPair, log)
+	err = checkDeploymentLeadership(ctx, kv, "node-c", LeadershipPerPair, true, log)
 	var mm *LeadershipMismatchError
-	if !errors.As(err, &mm) {
+	if !errors.As(err, &mm) || !refusesStart(err) {
 		t.Fatalf("a per-pair node in a node deployment: %v; want a LeadershipMismatchError", err)
 	}
 	for _, want := range []string{"leadership:", "the node file says per-pair", "this deployment runs node", `node "node-a"`, failover.DeploymentLeadershipKey, "understudy leadership set per-pair"} {
@@ -57,7 +57,7 @@ func TestDeploymentLeadershipRaceHasOneWinner(t *testing.T) {
 		var wg sync.WaitGroup
 		errs := make([]error, 2)
 		for i, l := range []Leadership{LeadershipNode, LeadershipPerPair} {
-			wg.Go(func() { errs[i] = checkDeploymentLeadership(context.Background(), kv, "n", l, log) })
+			wg.Go(func() { errs[i] = checkDeploymentLeadership(context.Background(), kv, "n", l, true, log) })
 		}
 		wg.Wait()
 		if (errs[0] == nil) == (errs[1] == nil) {
@@ -78,9 +78,29 @@ func TestDeploymentLeadershipRecordIsUntrusted(t *testing.T) {
 		if _, err := kv.Put(context.Background(), failover.DeploymentLeadershipKey, []byte(v)); err != nil {
 			t.Fatal(err)
 		}
-		err := checkDeploymentLeadership(context.Background(), kv, "n", LeadershipNode, slog.New(slog.DiscardHandler))
-		if err == nil || !strings.Contains(err.Error(), "leadership record") || !strings.Contains(err.Error(), "understudy leadership set") {
+		err := checkDeploymentLeadership(context.Background(), kv, "n", LeadershipNode, true, slog.New(slog.DiscardHandler))
+		if !refusesStart(err) || !strings.Contains(err.Error(), "leadership record") || !strings.Contains(err.Error(), "understudy leadership set") {
 			t.Errorf("%s: %v; want a refusal naming the record and the way out", name, err)
 		}
+	}
+}
+
+// A node without members (an agent's, before it adds any) records
+// nothing, but is refused by a record that disagrees.
+func TestDeploymentLeadershipOfANodeWithoutMembers(t *testing.T) {
+	ctx := context.Background()
+	kv := events.NewMemoryKV("failover", nil)
+	log := slog.New(slog.DiscardHandler)
+	if err := checkDeploymentLeadership(ctx, kv, "agent-only", LeadershipPerPair, false, log); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Get(ctx, failover.DeploymentLeadershipKey); !errors.Is(err, events.ErrNotFound) {
+		t.Fatalf("a node without members recorded the leadership: %v", err)
+	}
+	if err := checkDeploymentLeadership(ctx, kv, "node-a", LeadershipNode, true, log); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkDeploymentLeadership(ctx, kv, "agent-only", LeadershipPerPair, false, log); !refusesStart(err) {
+		t.Fatalf("a per-pair node without members in a node deployment: %v; want refused", err)
 	}
 }

@@ -150,7 +150,7 @@ func (a permAssets) reader(key string) *server.Permissions {
 
 func (a permAssets) operator(key string) *server.Permissions {
 	pub := a.readSet()
-	for _, k := range []string{failover.ConfigKey("*"), failover.SwitchoverKey("*"), failover.PauseKey("*"), failover.ManualFailoverKey("*")} {
+	for _, k := range []string{failover.ConfigKey("*"), failover.SwitchoverKey("*"), failover.PauseKey("*"), failover.ManualFailoverKey("*"), failover.DeploymentLeadershipKey} {
 		pub = append(pub, a.failover+k)
 	}
 	pub = append(pub, a.fleet+agent.DesiredKey("*"), agent.CommandSubject("*", "*"))

@@ -322,22 +322,31 @@ func (n *node) provision(ctx context.Context, js jetstream.JetStream, assets []A
 }
 
 // checkLeadership refuses to start members whose leadership is not the
-// deployment's (see checkDeploymentLeadership), within a minute.
+// deployment's (see checkDeploymentLeadership). The store's failures
+// (a stream leader being elected, a slow store) are tried again for up
+// to a minute; a record that disagrees or does not decode refuses at once.
 func (n *node) checkLeadership(ctx context.Context, js jetstream.JetStream) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	var kv *events.JetStreamKV
-	if err := retryOpen(ctx, n.log, func() (err error) {
-		kv, err = events.NewJetStreamKV(ctx, js, n.s.failoverBucket)
-		return err
-	}); err != nil {
-		return fmt.Errorf("runtime: the deployment's leadership: %w", err)
-	}
 	node := n.s.node
 	if node == "" && len(n.s.members) > 0 {
 		node = n.s.members[0].Site // the site name of members that name no node
 	}
-	return checkDeploymentLeadership(ctx, kv, node, n.s.leadership, n.log)
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+		kv, err := events.NewJetStreamKV(ctx, js, n.s.failoverBucket)
+		if err == nil {
+			err = checkDeploymentLeadership(ctx, kv, node, n.s.leadership, len(n.s.members) > 0, n.log)
+		}
+		if err == nil || refusesStart(err) {
+			return err
+		}
+		n.log.Warn("the deployment's leadership could not be read, retrying", "error", err, "next_delay", wait)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("runtime: the deployment's leadership (gave up after a minute): %w", err)
+		case <-time.After(wait):
+		}
+	}
 }
 
 // shutdown closes the HTTP server, the NATS connection and the embedded

@@ -76,7 +76,8 @@ func newLeadershipSetCmd(stdout io.Writer) *cobra.Command {
 		Use:   "set node|per-pair",
 		Short: "Change the deployment's leadership (every node stopped)",
 		Long: "set records a new leadership for the deployment. It refuses while a node appears to run:\n" +
-			"a node's liveness record or a pair's register written within --quiet. Then change every\n" +
+			"a node's liveness record, a pair's register or a member's heartbeat written within --quiet\n" +
+			"(by the server's clock). Then change every\n" +
 			"node file's leadership and start the nodes; a node whose file disagrees refuses to start.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -114,19 +115,29 @@ func newLeadershipSetCmd(stdout io.Writer) *cobra.Command {
 		},
 	}
 	nf.add(cmd)
-	cmd.Flags().DurationVar(&quiet, "quiet", 30*time.Second, "refuse while a liveness record or register was written within this time")
+	cmd.Flags().DurationVar(&quiet, "quiet", 30*time.Second, "refuse while a liveness record, register or member heartbeat was written within this time")
 	cmd.Flags().BoolVar(&force, "force", false, "skip the check that no node runs")
 	return cmd
 }
 
 // latestWrite is the most recently written of the bucket's liveness
-// records and registers, and how long ago ("": none), read in one pass.
+// records, registers and member heartbeats, and how long ago by the
+// server's clock ("": none), read in one pass.
 func latestWrite(ctx context.Context, js jetstream.JetStream, bucket string) (string, time.Duration, error) {
 	kvh, err := js.KeyValue(ctx, bucket)
 	if err != nil {
 		return "", 0, fmt.Errorf("open bucket %s: %w", bucket, err)
 	}
-	w, err := kvh.WatchFiltered(ctx, []string{failover.LivenessPrefix + ".*", "*.leader"}, jetstream.MetaOnly(), jetstream.IgnoreDeletes())
+	st, err := js.Stream(ctx, "KV_"+bucket)
+	if err != nil {
+		return "", 0, fmt.Errorf("open bucket %s: %w", bucket, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return "", 0, fmt.Errorf("bucket %s: %w", bucket, err)
+	}
+	now := info.TimeStamp // the server's clock, which dated every entry
+	w, err := kvh.WatchFiltered(ctx, []string{failover.LivenessPrefix + ".*", "*.leader", "*.hb.*"}, jetstream.MetaOnly(), jetstream.IgnoreDeletes())
 	if err != nil {
 		return "", 0, fmt.Errorf("watch %s: %w", bucket, err)
 	}
@@ -143,7 +154,7 @@ func latestWrite(ctx context.Context, js jetstream.JetStream, bucket string) (st
 				if key == "" {
 					return "", 0, nil
 				}
-				return key, time.Since(at), nil
+				return key, now.Sub(at), nil
 			}
 			if e.Created().After(at) {
 				key, at = e.Key(), e.Created()
