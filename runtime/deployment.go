@@ -114,3 +114,24 @@ func checkDeploymentLeadership(ctx context.Context, kv events.KV, node string, l
 	}
 	return fmt.Errorf("runtime: recording the deployment's leadership (%s): created and gone again three times", key)
 }
+
+// checkLeadershipRetrying is checkDeploymentLeadership on the bucket open
+// gives, tried again while the store fails (not when the record refuses)
+// until ctx ends.
+func checkLeadershipRetrying(ctx context.Context, open func() (events.KV, error), node string, l Leadership, record bool, log *slog.Logger) error {
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+		kv, err := open()
+		if err == nil {
+			err = checkDeploymentLeadership(ctx, kv, node, l, record, log)
+		}
+		if err == nil || refusesStart(err) {
+			return err
+		}
+		log.Warn("the deployment's leadership could not be read, retrying", "error", err, "next_delay", wait)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("runtime: the deployment's leadership (gave up): %w", err)
+		case <-time.After(wait):
+		}
+	}
+}

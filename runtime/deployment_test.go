@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"understudy/actors/failover"
 	"understudy/events"
@@ -102,5 +103,43 @@ func TestDeploymentLeadershipOfANodeWithoutMembers(t *testing.T) {
 	}
 	if err := checkDeploymentLeadership(ctx, kv, "agent-only", LeadershipPerPair, false, log); !refusesStart(err) {
 		t.Fatalf("a per-pair node without members in a node deployment: %v; want refused", err)
+	}
+}
+
+// flakyKV fails its first fails reads as a store without a stream leader
+// does.
+type flakyKV struct {
+	events.KV
+	fails int
+}
+
+func (k *flakyKV) Get(ctx context.Context, key string) (events.Entry, error) {
+	if k.fails > 0 {
+		k.fails--
+		return events.Entry{}, errors.New("nats: no responders available for request")
+	}
+	return k.KV.Get(ctx, key)
+}
+
+// A store that cannot answer yet (a stream leader being elected: a
+// real partition-suite start failed so) is tried again; a record that
+// disagrees refuses at once, and a store that never answers gives up
+// when the context ends.
+func TestDeploymentLeadershipRetriesTheStore(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	kv := &flakyKV{KV: events.NewMemoryKV("failover", nil), fails: 2}
+	open := func() (events.KV, error) { return kv, nil }
+	if err := checkLeadershipRetrying(context.Background(), open, "n", LeadershipNode, true, log); err != nil || kv.fails != 0 {
+		t.Fatalf("after two failed reads: %v (%d failures left)", err, kv.fails)
+	}
+	start := time.Now()
+	if err := checkLeadershipRetrying(context.Background(), open, "m", LeadershipPerPair, true, log); !refusesStart(err) || time.Since(start) > time.Second {
+		t.Fatalf("a disagreeing record: %v after %s; want refused at once", err, time.Since(start))
+	}
+	kv.fails = 1 << 30
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := checkLeadershipRetrying(ctx, open, "n", LeadershipNode, true, log); err == nil || refusesStart(err) || !strings.Contains(err.Error(), "no responders") {
+		t.Fatalf("a store that never answers: %v; want the store's error once ctx ends", err)
 	}
 }

@@ -332,21 +332,8 @@ func (n *node) checkLeadership(ctx context.Context, js jetstream.JetStream) erro
 	if node == "" && len(n.s.members) > 0 {
 		node = n.s.members[0].Site // the site name of members that name no node
 	}
-	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
-		kv, err := events.NewJetStreamKV(ctx, js, n.s.failoverBucket)
-		if err == nil {
-			err = checkDeploymentLeadership(ctx, kv, node, n.s.leadership, len(n.s.members) > 0, n.log)
-		}
-		if err == nil || refusesStart(err) {
-			return err
-		}
-		n.log.Warn("the deployment's leadership could not be read, retrying", "error", err, "next_delay", wait)
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("runtime: the deployment's leadership (gave up after a minute): %w", err)
-		case <-time.After(wait):
-		}
-	}
+	open := func() (events.KV, error) { return events.NewJetStreamKV(ctx, js, n.s.failoverBucket) }
+	return checkLeadershipRetrying(ctx, open, node, n.s.leadership, len(n.s.members) > 0, n.log)
 }
 
 // shutdown closes the HTTP server, the NATS connection and the embedded
