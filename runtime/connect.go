@@ -178,8 +178,7 @@ func Connect(ctx context.Context, o ConnectOptions, log *slog.Logger) (*nats.Con
 			dialer.detached.Store(true)
 			home.connected(nc)
 			home.start(nc)
-			side := append([]nats.Option{nats.Name(o.Name + " (probe of a silent connection's server)"), nats.SetCustomDialer(dialer),
-				nats.NoReconnect(), nats.IgnoreDiscoveredServers()}, auth...)
+			side := sideOptions(o.Name+" (probe of a silent connection's server)", dialer, auth)
 			go (&deadWatch{deadAfter: deadAfter, log: log, home: home, sideOpts: side}).run(nc)
 			log.Info("nats connected", "url", nc.ConnectedUrlRedacted(), "server", nc.ConnectedServerName(), "attempt", attempt,
 				"detect_within", deadAfter)
@@ -451,19 +450,18 @@ func newHomeward(o ConnectOptions, deadAfter time.Duration, dialer nats.CustomDi
 	}
 	h.home, h.shown = hostKey(u), u.Redacted()
 	h.wait = dialTimeoutFor(deadAfter)
-	h.opts = []nats.Option{
-		nats.Name(o.Name + " (probe of the first server)"),
-		nats.SetCustomDialer(dialer),
-		nats.Timeout(h.wait),
-		nats.NoReconnect(),
-		nats.IgnoreDiscoveredServers(),
-	}
 	auth, err := AuthOptions(o)
 	if err != nil {
 		return &homeward{log: log, probe: h.probe, done: h.done} // Connect reports err
 	}
-	h.opts = append(h.opts, auth...)
+	h.opts = append(sideOptions(o.Name+" (probe of the first server)", dialer, auth), nats.Timeout(h.wait))
 	return h
+}
+
+// sideOptions are the options of a side connection (see sidePing): the
+// node's dialer and credentials, no reconnection, no discovered servers.
+func sideOptions(name string, dialer nats.CustomDialer, auth []nats.Option) []nats.Option {
+	return append([]nats.Option{nats.Name(name), nats.SetCustomDialer(dialer), nats.NoReconnect(), nats.IgnoreDiscoveredServers()}, auth...)
 }
 
 // hostKey is host:port with nats.go's default ports filled in, the way
