@@ -40,7 +40,8 @@ const (
 // and copied its stack every time, a sixth of a node's CPU in a
 // 10,000-pair takeover).
 type storeGate struct {
-	jobs    chan *gateJob // member KV writes waiting for a worker
+	jobs    chan *gateJob // member KV writes waiting for a worker: register writes
+	beats   chan *gateJob // member heartbeats waiting for a worker, taken when no register write waits (see beat)
 	busy    atomic.Int64  // member KV writes being performed
 	start   sync.Once     // the workers
 	done    chan struct{} // closed by stop: the workers end
@@ -81,7 +82,13 @@ type kvWrite struct {
 	w        events.KVWrite
 	issueBy  time.Time
 	deadline time.Time
-	done     func(rev uint64, err error, took time.Duration)
+	// beat marks a member's heartbeat (its state, for readers): issued
+	// after the register writes waiting beside it. A register write
+	// decides who serves; in a takeover of 10,000 pairs each new holder
+	// also writes its heartbeat once or twice, and in arrival order half
+	// the store's writes went to heartbeats while acquires waited.
+	beat bool
+	done func(rev uint64, err error, took time.Duration)
 }
 
 // Batches. When several member writes wait, a worker sends up to
@@ -105,7 +112,7 @@ const (
 const maxQueuedWrites = 1 << 16
 
 func newStoreGate() *storeGate {
-	return &storeGate{jobs: make(chan *gateJob, maxQueuedWrites), done: make(chan struct{}), appends: make(chan struct{}, maxAppends),
+	return &storeGate{jobs: make(chan *gateJob, maxQueuedWrites), beats: make(chan *gateJob, maxQueuedWrites), done: make(chan struct{}), appends: make(chan struct{}, maxAppends),
 		narrow: make(chan struct{}, appendsBesideWrites), batches: make(chan struct{}, maxBatches),
 		aq: appendQueue{wake: make(chan struct{}, 1), batches: make(chan struct{}, maxBatches)}}
 }
@@ -126,8 +133,18 @@ func (g *storeGate) enqueue(j *gateJob) {
 		}
 	})
 	g.kv.Add(1)
+	g.toWorkers(j)
+}
+
+// toWorkers queues j for a worker, in its queue (see kvWrite.beat); past
+// maxQueuedWrites it runs on a goroutine of its own.
+func (g *storeGate) toWorkers(j *gateJob) {
+	q := g.jobs
+	if j.w != nil && j.w.beat {
+		q = g.beats
+	}
 	select {
-	case g.jobs <- j:
+	case q <- j:
 	default:
 		go g.run(j)
 	}
@@ -135,16 +152,41 @@ func (g *storeGate) enqueue(j *gateJob) {
 
 func (g *storeGate) work() {
 	for {
+		var j *gateJob
 		select {
-		case j := <-g.jobs:
-			g.busy.Add(1)
-			g.run(j)
-			g.busy.Add(-1)
-		case <-g.done:
-			return
+		case j = <-g.jobs:
+		default:
+			select {
+			case j = <-g.jobs:
+			case j = <-g.beats:
+			case <-g.done:
+				return
+			}
 		}
+		g.busy.Add(1)
+		g.run(j)
+		g.busy.Add(-1)
 	}
 }
+
+// next takes a waiting job without waiting: a register write, else a
+// member heartbeat (nil: none).
+func (g *storeGate) next() *gateJob {
+	select {
+	case j := <-g.jobs:
+		return j
+	default:
+	}
+	select {
+	case j := <-g.beats:
+		return j
+	default:
+		return nil
+	}
+}
+
+// queued is how many jobs wait for a worker.
+func (g *storeGate) queued() int { return len(g.jobs) + len(g.beats) }
 
 // late drops j if its turn came after its issue-by time.
 func (g *storeGate) late(j *gateJob) bool {
@@ -180,7 +222,7 @@ func (g *storeGate) run(j *gateJob) {
 		return
 	}
 	b, ok := j.w.kv.(events.KVBatcher)
-	if !ok || time.Now().UnixNano() < g.batchOff.Load() || len(g.jobs) == 0 && g.heldLen() == 0 {
+	if !ok || time.Now().UnixNano() < g.batchOff.Load() || g.queued() == 0 && g.heldLen() == 0 {
 		g.single(j.w)
 		return
 	}
@@ -239,10 +281,7 @@ func (g *storeGate) drain(b events.KVBatcher) {
 		for {
 			j := g.nextHeld()
 			if j == nil {
-				select {
-				case j = <-g.jobs:
-				default:
-				}
+				j = g.next()
 			}
 			if j == nil {
 				break
@@ -268,11 +307,7 @@ func (g *storeGate) drain(b events.KVBatcher) {
 			if o.alone {
 				// To the workers: a few hundred writes alone, one after
 				// another here, would pass their turn.
-				select {
-				case g.jobs <- o:
-				default:
-					go g.run(o)
-				}
+				g.toWorkers(o)
 				continue
 			}
 			g.run(o)
@@ -309,14 +344,12 @@ func (g *storeGate) batch(b events.KVBatcher, j *gateJob) (after, others []*gate
 		}
 		take(o)
 	}
-gather:
 	for len(batch) < events.MaxKVBatch {
-		select {
-		case o := <-g.jobs:
-			take(o)
-		default:
-			break gather
+		o := g.next()
+		if o == nil {
+			break
 		}
+		take(o)
 	}
 	g.writeBatch(b, batch) // one write alone goes alone
 	return after, others
@@ -610,7 +643,7 @@ func (g *storeGate) turn(ctx context.Context) (release func(), narrow bool, err 
 // settled reports whether the host's appends and member writes in flight
 // are back within their bounds (see Host.settle).
 func (g *storeGate) settled() bool {
-	return g.pending.Load() <= maxAppends && len(g.jobs) == 0 && g.heldLen() == 0 && g.busy.Load() < maxMemberWrites/2
+	return g.pending.Load() <= maxAppends && g.queued() == 0 && g.heldLen() == 0 && g.busy.Load() < maxMemberWrites/2
 }
 
 // boundedLog is a host's event log with its appends gated. An appender

@@ -745,3 +745,66 @@ func TestStoreGateBadKeyFailsAlone(t *testing.T) {
 	}
 	waitNoKV(t, g)
 }
+
+// Register writes go before member heartbeats: with every worker busy,
+// heartbeats queued first and register writes queued after them are
+// taken register writes first (a 10,000-pair takeover on real NATS landed
+// as many heartbeats as registers while acquires waited), each kind in
+// the order it came; and once the workers are free every write lands.
+func TestStoreGateIssuesRegisterWritesBeforeMemberHeartbeats(t *testing.T) {
+	g := countedGate()
+	defer g.stop()
+	kv := &batchCountingKV{MemoryKV: events.NewMemoryKV("kv", nil)}
+	hold := make(chan struct{})
+	for range maxMemberWrites {
+		g.submit(time.Now().Add(time.Minute), func() { <-hold })
+	}
+	for g.busy.Load() < maxMemberWrites {
+		time.Sleep(time.Millisecond)
+	}
+	const n = 300
+	var wg sync.WaitGroup
+	write := func(key string, beat bool) *kvWrite {
+		wg.Add(1)
+		return &kvWrite{ctx: context.Background(), kv: kv,
+			w:       events.KVWrite{Key: key, Value: []byte("v"), Put: beat},
+			issueBy: time.Now().Add(time.Minute), deadline: time.Now().Add(2 * time.Minute), beat: beat,
+			done: func(_ uint64, err error, _ time.Duration) {
+				defer wg.Done()
+				if err != nil {
+					t.Errorf("%s: %v", key, err)
+				}
+			}}
+	}
+	for i := range n {
+		g.submitWrite(write(failover.HeartbeatKey(fmt.Sprintf("p%04d", i), "site-b"), true))
+	}
+	for i := range n {
+		g.submitWrite(write(failover.LeaderKey(fmt.Sprintf("p%04d", i)), false))
+	}
+	// Take them as a free worker would, then give them back.
+	var taken []*gateJob
+	for j := g.next(); j != nil; j = g.next() {
+		taken = append(taken, j)
+	}
+	if len(taken) != 2*n {
+		t.Fatalf("%d writes waiting, want %d", len(taken), 2*n)
+	}
+	for i, j := range taken {
+		want := failover.LeaderKey(fmt.Sprintf("p%04d", i))
+		if i >= n {
+			want = failover.HeartbeatKey(fmt.Sprintf("p%04d", i-n), "site-b")
+		}
+		if j.w.w.Key != want {
+			t.Fatalf("write %d taken is %s, want %s: register writes first, each kind in order", i, j.w.w.Key, want)
+		}
+	}
+	for _, j := range taken {
+		g.toWorkers(j)
+	}
+	close(hold)
+	wg.Wait()
+	if kv.batches.Load() == 0 {
+		t.Errorf("no batch: the writes held went one by one")
+	}
+}

@@ -266,7 +266,11 @@ func (w *world) partLen(bi int32) int {
 // batchService is the store's service time for the batch request ref.
 func (w *world) batchService(ref int32) time.Duration {
 	n := w.partLen(w.msgs[ref].batch - 1)
-	return w.cfg.StoreWriteTime + time.Duration(max(n-1, 0))*batchWritePart
+	part := batchWritePart
+	if w.cfg.StoreBatchWritePart > 0 {
+		part = w.cfg.StoreBatchWritePart
+	}
+	return w.cfg.StoreWriteTime + time.Duration(max(n-1, 0))*part
 }
 
 // serveBatch has the stream leader carry out a batch request: a part of

@@ -45,9 +45,14 @@ func TestParseDiskStall(t *testing.T) {
 // (diskstall(nats)@44.2s+1.2s). With the judgement before the fix
 // (HostConnNaive) the survivor's silent connection is given up, the batch
 // it sends while reconnecting is not committed, taken for a refusal, and
-// its registers go one at a time: the takeover ends markedly later. With
-// the fix the server answers a side connection, the connection is kept,
-// and the takeover ends near the time without a stall.
+// its registers go one at a time: the takeover ends markedly later (the
+// last register 8.19s after the cut against 5.52s with the fix, when the
+// node's gate issued member heartbeats and registers in arrival order;
+// with registers first both take the last register as the stall ends,
+// and the last pair serves 9.2s after the cut against 6.7s). With the
+// fix the server answers a side connection, the connection is kept, and
+// the takeover ends near the time without a stall. The run before the
+// fix has the members' acquires of that time (AcquireOneHeartbeat).
 func TestConnGivenUpUnderDiskStall(t *testing.T) {
 	const cut = 40 * time.Second
 	run := func(spec string, naive bool) *Result {
@@ -59,6 +64,8 @@ func TestConnGivenUpUnderDiskStall(t *testing.T) {
 		cfg := Config{Scenario: "power-cut", Seed: 1, Duration: 60 * time.Second, Leadership: LeadershipNode, Pairs: 1000,
 			StoreWriteTime: 1200 * time.Microsecond, HostWriteBound: HostWriteBoundRuntime, HostBatch: HostBatchRuntime, HostRaiseOnce: true,
 			HostConnWatch: true, HostConnNaive: naive, Faults: faults, FaultsSet: true}
+		// Before the fix the members' acquires waited one heartbeat_timeout.
+		cfg.AcquireOneHeartbeat = naive
 		r, err := Run(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -89,15 +96,19 @@ func TestConnGivenUpUnderDiskStall(t *testing.T) {
 	}
 	calmWon, _ := takeoverSpan(calm, cut)
 	fixedWon, fixedServing := takeoverSpan(fixed, cut)
-	naiveWon, _ := takeoverSpan(naive, cut)
+	_, naiveServing := takeoverSpan(naive, cut)
 	if fixed.Failovers != fixed.Pairs || fixedServing < 0 {
 		t.Errorf("with the fix: %d failovers, the last serving %v after the cut; want %d serving", fixed.Failovers, fixedServing, fixed.Pairs)
 	}
 	if fixedWon > calmWon+1500*time.Millisecond {
 		t.Errorf("with the fix: the last register taken %v after the cut, %v without a stall; want within the stall and a little more", fixedWon, calmWon)
 	}
-	if naiveWon < fixedWon+time.Second && naive.Failovers == naive.Pairs {
-		t.Errorf("before the fix: the last register taken %v after the cut, %v with the fix; want a second later or more", naiveWon, fixedWon)
+	// Registers first, then member heartbeats (the gate's order): both
+	// runs take the last register as the stall ends; before the fix the
+	// given-up connection and the batches turned off delay the rest of
+	// the takeover (its appends, its promotions).
+	if naiveServing >= 0 && naiveServing < fixedServing+time.Second && naive.Failovers == naive.Pairs {
+		t.Errorf("before the fix: the last pair serving %v after the cut, %v with the fix; want a second later or more", naiveServing, fixedServing)
 	}
 	for _, v := range fixed.Violations {
 		t.Errorf("with the fix: %+v", v)

@@ -18,6 +18,11 @@ var nodeRegressions = []struct {
 	// findings that need them.
 	storeWriteTime time.Duration
 	hostWriteBound int
+	// before: the seed is run with the members' acquire window and the
+	// node's gate order of its time (Config.AcquireOneHeartbeat,
+	// HostBeatsInOrder), which its finding needs; the fix it keeps does
+	// not depend on either.
+	before bool
 }{
 	// N3: a suspended holder whose fenced register value landed but whose
 	// answer was lost judged the register by its last acknowledged value
@@ -59,15 +64,24 @@ var nodeRegressions = []struct {
 	// at 35.747s, and 180 failovers in 40s. The holder now takes the
 	// watch's delivery or a late answer of its announcement as its
 	// landing: 4 failovers, 935 writes not issued.
+	//
+	//
+	// With the node's acquires waiting two heartbeat_timeouts and its
+	// register writes issued before member heartbeats the seed's timing
+	// changes, and one pair (pg-main-191) shows N11 instead: its holder's
+	// fenced value did not land for 12.7s behind the node's bound, then a
+	// lone unfencing announcement stood until the follower's bound had
+	// passed (docs/simulation.md, N11, open). N10's fix is kept in the
+	// setting of its time, where the seed isolates it.
 	{name: "n10-announcement-answered-late", scenario: "random", seed: 30, duration: 3 * time.Minute, pairs: 200,
-		storeWriteTime: time.Millisecond, hostWriteBound: HostWriteBoundRuntime},
+		storeWriteTime: time.Millisecond, hostWriteBound: HostWriteBoundRuntime, before: true},
 }
 
 func TestNodeModeRegressionSeeds(t *testing.T) {
 	for _, r := range nodeRegressions {
 		t.Run(r.name, func(t *testing.T) {
 			cfg := Config{Scenario: r.scenario, Seed: r.seed, Duration: r.duration, Leadership: LeadershipNode, Pairs: r.pairs,
-				StoreWriteTime: r.storeWriteTime, HostWriteBound: r.hostWriteBound}
+				StoreWriteTime: r.storeWriteTime, HostWriteBound: r.hostWriteBound, AcquireOneHeartbeat: r.before, HostBeatsInOrder: r.before}
 			if r.faults != "" {
 				fs, err := ParseFaults(r.faults, "site-a", "site-b")
 				if err != nil {

@@ -142,6 +142,10 @@ func Command(cfg Config, pairConfig string) string {
 		b.WriteString(" --store-write-time ")
 		b.WriteString(cfg.StoreWriteTime.String())
 	}
+	if cfg.StoreBatchWritePart > 0 {
+		b.WriteString(" --store-batch-write-time ")
+		b.WriteString(cfg.StoreBatchWritePart.String())
+	}
 	if cfg.HostWriteBound > 0 {
 		b.WriteString(" --host-write-bound ")
 		b.WriteString(strconv.Itoa(cfg.HostWriteBound))

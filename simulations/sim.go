@@ -58,6 +58,10 @@ type Config struct {
 	// KV writes and appends one after another in arrival order, so a
 	// burst queues (throughput.go).
 	StoreWriteTime time.Duration
+	// StoreBatchWritePart is what each write of a batch beyond the first
+	// adds to the batch's service time (0: batchWritePart, 10µs): the
+	// store checks and writes every message of a batch and syncs once.
+	StoreBatchWritePart time.Duration
 	// HostWriteBound bounds, per node, its members' KV writes and, apart,
 	// their appends in flight (0: unbounded; the runtime's host:
 	// HostWriteBoundRuntime); the liveness writer's writes are not bounded.
@@ -101,6 +105,18 @@ type Config struct {
 	// node then stops sending for a minute (kept by
 	// TestConnGivenUpUnderDiskStall; not a runtime's any more).
 	HostConnNaive bool
+	// AcquireOneHeartbeat gives node leadership's acquires the members'
+	// window before 2 × heartbeat_timeout (failover.Options.AcquireWindow):
+	// each waits heartbeat_timeout for its answer, so a takeover of
+	// thousands of pairs came in waves a second apart (kept by
+	// TestTakeoverInWaves and the tests of the findings before it; not a
+	// flag: no runtime does it any more).
+	AcquireOneHeartbeat bool
+	// HostBeatsInOrder gives the node's gate its order before register
+	// writes went first: member heartbeats and register writes issued in
+	// arrival order (throughput.go, writeRank; not a flag: no runtime does
+	// it any more; kept for the seeds found with it).
+	HostBeatsInOrder bool
 }
 
 // DefaultPair is the pair the simulator runs when Config.Rules is zero.
@@ -394,6 +410,9 @@ func newWorld(cfg Config) (*world, error) {
 	if cfg.Pairs <= 0 {
 		cfg.Pairs = 1
 	}
+	if cfg.StoreBatchWritePart < 0 {
+		return nil, fmt.Errorf("store batch write time: must not be negative, got %v", cfg.StoreBatchWritePart)
+	}
 	if cfg.StoreWriteTime < 0 || cfg.HostWriteBound < 0 {
 		return nil, fmt.Errorf("store write time and host write bound must not be negative")
 	}
@@ -410,6 +429,9 @@ func newWorld(cfg Config) (*world, error) {
 		return nil, fmt.Errorf("the export of a run holds one pair in per-pair leadership: run without --out, or with one pair and --leadership per-pair")
 	}
 	opts := failover.Options{AllowUnsafe: cfg.AllowUnsafe}
+	if cfg.AcquireOneHeartbeat {
+		opts.AcquireWindow = rules.HeartbeatTimeout
+	}
 	if sc.Database {
 		// The member drives a replicating database: it rejoins, checks and
 		// publishes positions, and can make commits wait (database.go).

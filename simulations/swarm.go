@@ -26,10 +26,11 @@ type SwarmConfig struct {
 	// pairs each node hosts (see Config).
 	Leadership Leadership
 	Pairs      int
-	// StoreWriteTime and HostWriteBound: the store's throughput and the
-	// nodes' bound on writes in flight (see Config).
-	StoreWriteTime time.Duration
-	HostWriteBound int
+	// StoreWriteTime, StoreBatchWritePart and HostWriteBound: the store's
+	// throughput and the nodes' bound on writes in flight (see Config).
+	StoreWriteTime      time.Duration
+	StoreBatchWritePart time.Duration
+	HostWriteBound      int
 	// HostBatch, HostBatchNoAppends and HostRaiseOnce: the nodes' batches
 	// of waiting member KV writes and appends, and their raises made once
 	// (see Config).
@@ -87,7 +88,7 @@ func (c SwarmConfig) SeedConfig(seed uint64) Config {
 		sc = "random"
 	}
 	return Config{Scenario: sc, Seed: seed, Duration: d, Rules: c.Rules, AllowUnsafe: c.AllowUnsafe, Fsync: c.Fsync, Leadership: c.Leadership, Pairs: c.Pairs,
-		StoreWriteTime: c.StoreWriteTime, HostWriteBound: c.HostWriteBound, HostBatch: c.HostBatch, HostBatchNoAppends: c.HostBatchNoAppends, HostRaiseOnce: c.HostRaiseOnce}
+		StoreWriteTime: c.StoreWriteTime, StoreBatchWritePart: c.StoreBatchWritePart, HostWriteBound: c.HostWriteBound, HostBatch: c.HostBatch, HostBatchNoAppends: c.HostBatchNoAppends, HostRaiseOnce: c.HostRaiseOnce}
 }
 
 // Swarm runs c.Seeds independent simulations on c.Workers goroutines (each

@@ -1,6 +1,8 @@
 package simulations
 
 import (
+	"slices"
+	"sort"
 	"time"
 
 	"understudy/actors/failover"
@@ -104,9 +106,18 @@ func (w *world) issue(m *machine, g int, ref int32, by time.Duration) {
 	if !w.turnFree(m, g) || len(gt.wait) > 0 {
 		issueBy := by
 		if g == gateWrites && !w.cfg.HostIssueLate {
-			issueBy = w.now + (by-w.now)/2
+			issueBy = by - issueMargin(by-w.now, w.base.HeartbeatTimeout)
 		}
-		gt.wait = append(gt.wait, gated{ref: ref, by: by, issueBy: issueBy})
+		x := gated{ref: ref, by: by, issueBy: issueBy}
+		if g == gateWrites && !w.cfg.HostBeatsInOrder && !isMemberBeat(&w.msgs[ref].write) {
+			// Register writes before member heartbeats (the runtime's
+			// gate): the waiting list holds every register write ahead of
+			// every member heartbeat, each part in arrival order.
+			i := sort.Search(len(gt.wait), func(i int) bool { return isMemberBeat(&w.msgs[gt.wait[i].ref].write) })
+			gt.wait = slices.Insert(gt.wait, i, x)
+			return
+		}
+		gt.wait = append(gt.wait, x)
 		return
 	}
 	if g == gateWrites && w.staleWrite(m, ref) {
@@ -114,6 +125,22 @@ func (w *world) issue(m *machine, g int, ref int32, by time.Duration) {
 	}
 	w.admit(m, g, ref, by)
 }
+
+// issueMargin is how long before its deadline a member KV write is no
+// longer issued (the runtime's memberActor.kvWrite): half its window, and
+// at most half a heartbeat_timeout — the window of a node's acquire is two
+// heartbeat_timeouts, and one still waiting after the first was dropped
+// while the store had turns for it (43 of 5,000 in a takeover, each
+// retried two seconds later).
+func issueMargin(window, heartbeat time.Duration) time.Duration {
+	return min(window/2, heartbeat/2)
+}
+
+// isMemberBeat: a member's heartbeat, which its node's gate issues after
+// the register writes waiting beside it (runtime/gate.go: a member
+// heartbeat reports a member's state; a register write decides who
+// serves).
+func isMemberBeat(wr *failover.Write) bool { return wr.Kind == failover.WriteMemberBeat }
 
 func (w *world) admit(m *machine, g int, ref int32, by time.Duration) {
 	w.tokens++

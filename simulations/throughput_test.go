@@ -95,6 +95,7 @@ func TestTakeoverRegisterStorm(t *testing.T) {
 
 	late := cfg
 	late.HostIssueLate = true
+	late.AcquireOneHeartbeat = true // the members' acquires of that time
 	before, err := Run(late)
 	if err != nil {
 		t.Fatal(err)

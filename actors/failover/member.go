@@ -127,6 +127,11 @@ type Options struct {
 	// member writes the register and its heartbeat key only when their
 	// content changes. Empty: per-pair leadership, every beat a write.
 	Node string
+	// AcquireWindow, when positive, replaces how long an acquire waits
+	// for its answer (acquireWindow). The simulator sets it to
+	// heartbeat_timeout in node mode to reproduce the takeovers of the
+	// runtime before the longer window; hosts leave it zero.
+	AcquireWindow time.Duration
 }
 
 type pendingWrite struct {
@@ -650,7 +655,11 @@ func (m *Member) tick() {
 		if len(m.late) > lateKeep {
 			m.late = m.late[1:]
 		}
-		m.onLeaderWriteFailed(w, "timeout: no answer within heartbeat_timeout")
+		why := "timeout: no answer within heartbeat_timeout"
+		if w.kind == WriteAcquire && m.acquireWindow() == 2*m.rules.HeartbeatTimeout {
+			why = "timeout: no answer within 2 × heartbeat_timeout"
+		}
+		m.onLeaderWriteFailed(w, why)
 	}
 	if m.memberOp != 0 && m.now >= m.memberDue {
 		m.memberOp = 0
@@ -845,9 +854,32 @@ func (m *Member) acquire(reason AcquireReason, expect uint64, stale time.Duratio
 		l.Node, l.Epoch = m.opts.Node, m.nodeEpoch
 	}
 	w := Write{Op: m.nextOp(), Kind: WriteAcquire, Key: LeaderKey(m.rules.Pair), Leader: l,
-		Value: EncodeLeader(l), ExpectRev: expect, Deadline: m.now + m.rules.HeartbeatTimeout}
+		Value: EncodeLeader(l), ExpectRev: expect, Deadline: m.now + m.acquireWindow()}
 	m.inflight = &pendingWrite{op: w.Op, kind: w.Kind, deadline: w.Deadline, leader: l, expect: expect}
 	m.out.Writes = append(m.out.Writes, w)
+}
+
+// acquireWindow is how long an acquire waits for its answer before it
+// counts as failed and is tried again: heartbeat_timeout, and with node
+// leadership twice that. A node taking over the pairs of a dead node
+// sends all its acquires at once, thousands of them; its host issues a
+// write only within the first half of its window (one issued later would
+// land after the member stopped waiting), so with one heartbeat_timeout
+// most of them were never issued, their members tried again a second
+// later, and the store stood idle between the waves (a 10,000-pair
+// takeover came in waves for 13 s). Twice heartbeat_timeout is the
+// takeover's own budget (failover_timeout + 2 × heartbeat_timeout).
+// A late answer is safe either way: the register is written by
+// compare-and-set, and a member that finds its own late write there
+// takes it as its own (resumed).
+func (m *Member) acquireWindow() time.Duration {
+	if m.opts.AcquireWindow > 0 {
+		return m.opts.AcquireWindow
+	}
+	if m.opts.Node != "" {
+		return 2 * m.rules.HeartbeatTimeout
+	}
+	return m.rules.HeartbeatTimeout
 }
 
 // watchCaughtUp reports whether the watch has delivered this member's

@@ -245,3 +245,61 @@ func TestNodeModeAnnouncementSeenOnWatchUnfences(t *testing.T) {
 	}
 	t.Fatalf("a suspended holder whose announcement the watch showed landed did not unfence on its node's next beat; phase %v", m.Phase())
 }
+
+// Node mode: an acquire waits two heartbeat_timeouts for its answer
+// (acquireWindow). A node taking over thousands of pairs sends all their
+// acquires at once, and its host issues each only within its window: with
+// one heartbeat_timeout most were never issued and tried again a second
+// later, in waves (found in a 10,000-pair node death on real NATS;
+// simulations' TestTakeoverInWaves). An answer 1.5 s late promotes; only
+// silence for the whole window counts as a failure. Per-pair leadership
+// keeps one heartbeat_timeout.
+func TestNodeModeAcquireWaitsTwoHeartbeats(t *testing.T) {
+	for _, tc := range []struct {
+		node   string
+		window time.Duration
+	}{{"node-a", 2 * time.Second}, {"", time.Second}} {
+		m, err := NewMember("a", DefaultRules("p0", "a", "b"), Options{Node: tc.node})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := &nodeDriver{m: m}
+		d.feed(0, m.Start(0))
+		d.feed(0, m.Step(0, Synced{}))
+		if tc.node != "" {
+			d.feed(0, m.Step(0, LivenessResult{Err: WriteOK, Epoch: 1, Revision: 1}))
+		}
+		issued := time.Duration(-1)
+		for now := time.Duration(0); now < 5*time.Second && issued < 0; now += 10 * time.Millisecond {
+			d.feed(now, m.Step(now, Tick{}))
+			if _, ok := d.find(WriteAcquire); ok {
+				issued = now
+			}
+		}
+		acq, ok := d.find(WriteAcquire)
+		if !ok {
+			t.Fatalf("node %q: no acquire", tc.node)
+		}
+		if got := acq.Deadline - issued; got != tc.window {
+			t.Errorf("node %q: the acquire waits %v, want %v", tc.node, got, tc.window)
+		}
+		// Silent until just before the deadline: no failure yet, no retry.
+		for now := issued; now < acq.Deadline; now += 10 * time.Millisecond {
+			d.feed(now, m.Step(now, Tick{}))
+		}
+		for _, ev := range d.events {
+			if f, ok := ev.(*AcquireFailed); ok {
+				t.Fatalf("node %q: the acquire failed within its window: %+v", tc.node, f)
+			}
+		}
+		if tc.node == "" {
+			continue
+		}
+		// Answered 1.5 s after it was issued, within two heartbeat_timeouts.
+		d.feed(issued+1500*time.Millisecond, m.Step(issued+1500*time.Millisecond, WriteResult{Op: acq.Op, Err: WriteOK, Revision: 2}))
+		d.feed(issued+1500*time.Millisecond, m.Step(issued+1500*time.Millisecond, LivenessResult{Err: WriteOK, Epoch: 1, Revision: 3}))
+		if !m.Serving() {
+			t.Errorf("node mode: phase %v after an answer 1.5 s late; want leader", m.Phase())
+		}
+	}
+}

@@ -27,6 +27,7 @@ type simulateFlags struct {
 	leadership    string
 	pairs         int
 	storeWrite    time.Duration
+	batchWrite    time.Duration
 	writeBound    int
 	hostBatch     int
 	noAppendBatch bool
@@ -81,6 +82,7 @@ schedule delta debugging found. See docs/simulation.md.`,
 	fl.StringVar(&f.leadership, "leadership", "per-pair", "how leadership is kept: per-pair (every pair heartbeats its register) or node (one liveness record per node, docs/failover.md)")
 	fl.IntVar(&f.pairs, "pairs", 1, "pairs each node hosts (every pair with the same rules)")
 	fl.DurationVar(&f.storeWrite, "store-write-time", 0, "the store's service time per write, writes served one after another (0: none; docs/simulation.md)")
+	fl.DurationVar(&f.batchWrite, "store-batch-write-time", 0, "with --host-batch: what each write of a batch beyond the first adds to the batch's service time (0: 10µs)")
 	fl.IntVar(&f.writeBound, "host-write-bound", 0, "at most this many member KV writes, and as many event appends, in flight per node, as the runtime keeps (64); 0: unbounded")
 	fl.IntVar(&f.hostBatch, "host-batch", 0, "with --host-write-bound: a node sends its members' waiting KV writes in atomic batches of up to this many, served by the store as one write, as the runtime does (256); 0: one at a time")
 	fl.BoolVar(&f.noAppendBatch, "host-batch-no-appends", false, "with --host-batch: batch only the KV writes, each event append going alone as before the runtime batched them too (for comparison)")
@@ -139,6 +141,9 @@ func runSimulate(cmd *cobra.Command, f simulateFlags, stdout, stderr io.Writer) 
 	if f.pairs < 1 {
 		return usage("--pairs = %d: must be at least 1", f.pairs)
 	}
+	if f.batchWrite < 0 {
+		return usage("--store-batch-write-time = %v: must not be negative", f.batchWrite)
+	}
 	if f.storeWrite < 0 || f.writeBound < 0 {
 		return usage("--store-write-time and --host-write-bound must not be negative")
 	}
@@ -177,7 +182,7 @@ func runSimulate(cmd *cobra.Command, f simulateFlags, stdout, stderr io.Writer) 
 		return usage("unknown scenario %q; see understudy simulate --list", f.scenario)
 	}
 	cfg := simulations.Config{Scenario: f.scenario, Seed: f.seed, Duration: f.duration, Rules: rules, AllowUnsafe: f.allowUnsafe, Fsync: fsync,
-		Leadership: lead, Pairs: f.pairs, StoreWriteTime: f.storeWrite, HostWriteBound: f.writeBound, HostBatch: f.hostBatch, HostBatchNoAppends: f.noAppendBatch, HostRaiseOnce: f.raiseOnce,
+		Leadership: lead, Pairs: f.pairs, StoreWriteTime: f.storeWrite, StoreBatchWritePart: f.batchWrite, HostWriteBound: f.writeBound, HostBatch: f.hostBatch, HostBatchNoAppends: f.noAppendBatch, HostRaiseOnce: f.raiseOnce,
 		HostConnWatch: f.connWatch, HostConnNaive: f.connNaive}
 	if set("faults") {
 		fs, err := simulations.ParseFaults(f.faults, rules.Primary, rules.Replica)
@@ -345,7 +350,7 @@ func runSwarm(cmd *cobra.Command, f simulateFlags, rules failover.Rules, fsync s
 	sc := simulations.SwarmConfig{
 		Seeds: f.seeds, FirstSeed: f.firstSeed, Duration: f.duration, Rules: rules, AllowUnsafe: f.allowUnsafe,
 		Fsync: fsync, Workers: f.workers, ShrinkBudget: f.shrink, PairConfig: f.pairConfig,
-		Leadership: lead, Pairs: f.pairs, StoreWriteTime: f.storeWrite, HostWriteBound: f.writeBound, HostBatch: f.hostBatch, HostBatchNoAppends: f.noAppendBatch, HostRaiseOnce: f.raiseOnce,
+		Leadership: lead, Pairs: f.pairs, StoreWriteTime: f.storeWrite, StoreBatchWritePart: f.batchWrite, HostWriteBound: f.writeBound, HostBatch: f.hostBatch, HostBatchNoAppends: f.noAppendBatch, HostRaiseOnce: f.raiseOnce,
 	}
 	if sc.Duration == 0 {
 		sc.Duration = 10 * time.Minute
