@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"understudy/internal/porttest"
 )
 
 // The pair's rules in every test: heartbeat 250 ms, thresholds 2 and 2,
@@ -534,22 +536,15 @@ func grepFile(path string, re *regexp.Regexp, n int) string {
 	return strings.Join(out, "\n")
 }
 
-// freePorts asks the kernel for n free TCP ports on loopback (held
-// together, so they differ).
+// freePorts returns n distinct free TCP ports on loopback, below the
+// kernel's ephemeral range (porttest): a port from that range, released,
+// was once taken by another process's outgoing connection before the
+// standby's PostgreSQL bound it.
 func freePorts(t testing.TB, n int) []int {
 	t.Helper()
-	var ls []net.Listener
-	var ports []int
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	for _, l := range ls {
-		l.Close()
+	ports, err := porttest.Free(n)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return ports
 }

@@ -6,13 +6,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"understudy/internal/porttest"
 )
 
 // logRecorder is a slog.Handler keeping every record, for assertions on
@@ -116,18 +117,15 @@ func (r *logRecorder) waitFor(t *testing.T, msg string, n int, timeout time.Dura
 	}
 }
 
-// freePort returns a TCP port on 127.0.0.1 where nothing listens (now).
+// freePort returns a TCP port on 127.0.0.1 where nothing listens (now),
+// below the kernel's ephemeral range (porttest).
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := porttest.Free(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	if err := ln.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return port
+	return ports[0]
 }
 
 // startEmbedded starts an embedded server in a temp dir on a free port.

@@ -19,6 +19,7 @@ import (
 	"understudy/actors/failover"
 	"understudy/actors/resources"
 	"understudy/events"
+	"understudy/internal/porttest"
 )
 
 // pairDoc is a valid pair manifest document; edit changes it.
@@ -217,14 +218,12 @@ func pgDir(t *testing.T) string {
 func freePairPort(t *testing.T) int {
 	t.Helper()
 	for range 20 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		ports, err := porttest.Free(1) // below the ephemeral range: see porttest
 		if err != nil {
 			t.Fatal(err)
 		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l2, err := net.Listen("tcp", fmt.Sprintf("127.0.0.2:%d", port))
-		l.Close()
-		if err == nil {
+		port := ports[0]
+		if l2, err := net.Listen("tcp", fmt.Sprintf("127.0.0.2:%d", port)); err == nil {
 			l2.Close()
 			return port
 		}

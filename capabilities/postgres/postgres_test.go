@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +15,7 @@ import (
 
 	"understudy/actors"
 	"understudy/actors/capability"
+	"understudy/internal/porttest"
 )
 
 // The tests run real PostgreSQL 15 servers (Debian's postgresql-15) as the
@@ -54,14 +54,15 @@ func testDir(t *testing.T) string {
 	return dir
 }
 
+// freePort returns a free TCP port on loopback, below the kernel's
+// ephemeral range (porttest).
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := porttest.Free(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return ports[0]
 }
 
 type site struct {
