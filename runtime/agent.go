@@ -298,6 +298,9 @@ type agentActor struct {
 	rev      uint64
 	// flushQueued: a flushStatus is on its way (see changed).
 	flushQueued bool
+	// statusFailing: the latest status write failed; publish tries again
+	// after statusRetry until one lands.
+	statusFailing bool
 	// reportedRev is the last revision of a refused desired state logged
 	// (once each).
 	reportedRev uint64
@@ -817,6 +820,10 @@ func (a *agentActor) publish() {
 		}
 		if err == nil {
 			a.rev = rev
+			if a.statusFailing {
+				a.statusFailing = false
+				a.logger.Info("agent: status written again", "key", key)
+			}
 			return
 		}
 		if !errors.Is(err, events.ErrConflict) {
@@ -830,10 +837,25 @@ func (a *agentActor) publish() {
 		}
 		a.rev = e.Revision
 	}
-	if a.ctx.Err() == nil {
-		a.logger.Warn("agent: status write failed", "key", key, "err", err)
+	if a.ctx.Err() != nil {
+		return
+	}
+	if !a.statusFailing {
+		a.statusFailing = true
+		a.logger.Warn("agent: status write failed; trying again every second until it lands", "key", key, "err", err, "retry", statusRetry)
+	}
+	// Nothing else may change for a long time (no manifest, nothing
+	// drifting): without another try the status written at start, lost to
+	// a store electing a leader, would stay missing.
+	if !a.flushQueued {
+		a.flushQueued = true
+		engine, self := a.engine, a.self
+		time.AfterFunc(statusRetry, func() { engine.Send(self, flushStatus{}) })
 	}
 }
+
+// statusRetry is how soon a failed status write is tried again.
+const statusRetry = time.Second
 
 // storedManifestError is a value at desired-state.<agent> that does not
 // decode: where it is and how it starts, for the operator to find it.

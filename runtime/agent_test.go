@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"understudy/actors/agent"
 	"understudy/actors/resources"
@@ -423,5 +424,66 @@ func TestAgentRefusesStepsLongerThanTheCallTimeout(t *testing.T) {
 	})
 	if e := s.Resources["long"].Error; !strings.Contains(e, "may take 1m20s (the sum of their timeouts), more than agent.call_timeout 1m0s") {
 		t.Errorf("error %q", e)
+	}
+}
+
+// An agent whose first status write fails (the store refuses it: a
+// leader election, a full stream) tries again until it lands, with one
+// warning, rather than leaving actual-state.<agent> missing until
+// something else changes (found as an intermittent failure of
+// TestSecuredCluster: an agent's actual-state missing after 10 s on an
+// R3 cluster under load).
+func TestAgentRetriesAFailedStatusWrite(t *testing.T) {
+	fn := startFailoverNATS(t)
+	ctx := context.Background()
+	stream := "KV_" + fn.names.FleetBucket
+	st, err := fn.js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	full := cfg
+	full.MaxMsgs, full.Discard = max(int64(st.CachedInfo().State.Msgs), 1), jetstream.DiscardNew
+	if st.CachedInfo().State.Msgs == 0 {
+		// One message makes the stream full.
+		if _, err := fn.js.Publish(ctx, "$KV."+fn.names.FleetBucket+".filler", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := fn.js.UpdateStream(ctx, full); err != nil {
+		t.Fatal(err)
+	}
+	log, rec := newLogRecorder(t)
+	nc := connectTo(t, "nats://"+fn.addr)
+	a, err := StartAgent(ctx, nc, fn.names.FleetBucket, fn.names.EventsStream, AgentConfig{ID: "n1", StateDir: t.TempDir()}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Stop()
+	rec.waitFor(t, "agent: status write failed; trying again every second until it lands", 1, 10*time.Second)
+	fleet, err := events.NewJetStreamKV(ctx, fn.js, fn.names.FleetBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fleet.Get(ctx, agent.ActualKey("n1")); err == nil {
+		t.Fatal("the status landed in a full stream")
+	}
+	time.Sleep(2500 * time.Millisecond) // two more tries, still refused
+	if _, err := fn.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := fleet.Get(ctx, agent.ActualKey("n1")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("actual-state.n1 still missing 5 s after the stream took writes again")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	rec.waitFor(t, "agent: status written again", 1, 5*time.Second)
+	if n := len(rec.matching("agent: status write failed; trying again every second until it lands")); n != 1 {
+		t.Errorf("%d warnings of the failed status write, want one for the whole outage", n)
 	}
 }
