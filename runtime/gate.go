@@ -35,10 +35,11 @@ const (
 )
 
 // storeGate is a host's bounds on its writes to the store. Its members'
-// KV writes run on maxMemberWrites workers of its own, in the order they
-// were asked for: goroutines that live on (a goroutine per write grew
-// and copied its stack every time, a sixth of a node's CPU in a
-// 10,000-pair takeover).
+// KV writes run on maxMemberWrites workers of its own, goroutines that
+// live on (a goroutine per write grew and copied its stack every time, a
+// sixth of a node's CPU in a 10,000-pair takeover): register writes
+// before member heartbeats (kvWrite.beat), each in the order they were
+// asked for.
 type storeGate struct {
 	jobs    chan *gateJob // member KV writes waiting for a worker: register writes
 	beats   chan *gateJob // member heartbeats waiting for a worker, taken when no register write waits (see beat)
