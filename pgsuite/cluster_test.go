@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"understudy/internal/porttest"
+	"understudy/events/porttest"
 )
 
 // The pair's rules in every test: heartbeat 250 ms, thresholds 2 and 2,

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"understudy/internal/porttest"
+	"understudy/events/porttest"
 )
 
 // logRecorder is a slog.Handler keeping every record, for assertions on

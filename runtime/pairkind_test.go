@@ -19,7 +19,7 @@ import (
 	"understudy/actors/failover"
 	"understudy/actors/resources"
 	"understudy/events"
-	"understudy/internal/porttest"
+	"understudy/events/porttest"
 )
 
 // pairDoc is a valid pair manifest document; edit changes it.

@@ -15,7 +15,7 @@ import (
 
 	"understudy/actors"
 	"understudy/actors/capability"
-	"understudy/internal/porttest"
+	"understudy/events/porttest"
 )
 
 // The tests run real PostgreSQL 15 servers (Debian's postgresql-15) as the
