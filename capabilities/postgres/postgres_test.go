@@ -686,3 +686,32 @@ func TestRejoinClonesAgainWhenTheLeaderRemovedTheWAL(t *testing.T) {
 		t.Fatalf("the clone has %d rows, want 4000", n)
 	}
 }
+
+// Creating the peer's replication slot races the peer's own clone, whose
+// pg_basebackup -C creates the same slot on this server: the pair suite's
+// TestFailbackAfterRewind once had the slot appear between the check and
+// the create, and the handoff's promotion failed on it (duplicate_object)
+// and handed the pair back to a site whose clone had just been cut off.
+// A slot created twice is PostgreSQL's 42710, which duplicateObject takes
+// for done; any other error is not.
+func TestSlotCreatedTwiceIsDone(t *testing.T) {
+	needPostgres(t)
+	dir := testDir(t)
+	s := newSite(t, dir, "site-a", "site-b", freePort(t), freePort(t), 0)
+	bootstrap(t, s)
+	ctx := ctxFor(t, 10*time.Second)
+	c, err := s.connect(ctx, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	slot := slotName("site-b")
+	// The bootstrap created the peer's slot; a second create meets it.
+	_, err = c.Exec(ctx, "SELECT pg_create_physical_replication_slot($1, true)", slot)
+	if err == nil || !duplicateObject(err) {
+		t.Fatalf("creating slot %s again: %v; want duplicate_object (42710)", slot, err)
+	}
+	if _, err := c.Exec(ctx, "SELECT pg_create_physical_replication_slot($1, true)", "not a valid slot name"); err == nil || duplicateObject(err) {
+		t.Fatalf("an invalid slot name: %v; want an error other than duplicate_object", err)
+	}
+}

@@ -149,10 +149,22 @@ func (p *Postgres) setupPrimary(ctx context.Context, c *pgx.Conn) error {
 		}
 	}
 	slot := slotName(p.m.PeerSite)
-	if _, err := c.Exec(ctx, "SELECT pg_create_physical_replication_slot($1, true) WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)", slot); err != nil {
+	if _, err := c.Exec(ctx, "SELECT pg_create_physical_replication_slot($1, true) WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)", slot); err != nil && !duplicateObject(err) {
 		return fmt.Errorf("create replication slot %s: %w", slot, err)
 	}
 	return nil
+}
+
+// duplicateObject reports whether err is PostgreSQL's duplicate_object
+// (42710). Creating the peer's slot races the peer's own clone, whose
+// pg_basebackup -C creates that slot on this server too: found by the pair
+// suite (TestFailbackAfterRewind), where the slot appeared between the
+// check and the create during a handoff's promotion, the promotion failed
+// on it and handed the pair back to a site whose clone had just been cut
+// off — nobody served. The slot is there, for the same peer: done.
+func duplicateObject(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "42710"
 }
 
 func redactPassword(s string) string {
