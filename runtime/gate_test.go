@@ -174,6 +174,16 @@ func TestStoreGateDropsWritesTooLateToIssue(t *testing.T) {
 	}
 }
 
+// holdWorkers takes every worker of g with a job that waits until the
+// returned channel is closed.
+func holdWorkers(g *storeGate) chan struct{} {
+	hold := make(chan struct{})
+	for range maxMemberWrites {
+		g.submit(time.Now().Add(time.Minute), func() { <-hold })
+	}
+	return hold
+}
+
 // submit queues any function as a member write would be (issued by
 // issueBy or dropped): the tests hold the workers with it.
 func (g *storeGate) submit(issueBy time.Time, write func()) {
@@ -242,10 +252,7 @@ func gateWrites(t *testing.T, g *storeGate, kv *batchCountingKV, n, stale int) [
 			}
 		}
 	}()
-	hold := make(chan struct{})
-	for range maxMemberWrites {
-		g.submit(time.Now().Add(time.Minute), func() { <-hold })
-	}
+	hold := holdWorkers(g)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
@@ -333,10 +340,7 @@ func TestStoreGateWritesWaitForABatchWhileSlotsAreTaken(t *testing.T) {
 	g := countedGate()
 	defer g.stop()
 	kv := &slowBatchKV{batchCountingKV: &batchCountingKV{MemoryKV: events.NewMemoryKV("kv", nil)}, open: make(chan struct{})}
-	hold := make(chan struct{})
-	for range maxMemberWrites {
-		g.submit(time.Now().Add(time.Minute), func() { <-hold })
-	}
+	hold := holdWorkers(g)
 	const n = 3000
 	var wg sync.WaitGroup
 	var failed atomic.Int64
@@ -429,10 +433,7 @@ func (k *scriptedBatchKV) WriteBatch(ctx context.Context, ws []events.KVWrite) (
 // while every worker is held, frees them, and returns the answers.
 func submitAll(t *testing.T, g *storeGate, kv events.KV, keys []string, revs map[string]uint64) map[string]error {
 	t.Helper()
-	hold := make(chan struct{})
-	for range maxMemberWrites {
-		g.submit(time.Now().Add(time.Minute), func() { <-hold })
-	}
+	hold := holdWorkers(g)
 	var mu sync.Mutex
 	errs := map[string]error{}
 	var wg sync.WaitGroup
@@ -691,10 +692,7 @@ func TestStoreGateBadKeyFailsAlone(t *testing.T) {
 	g := countedGate()
 	defer g.stop()
 	kv := &batchCountingKV{MemoryKV: events.NewMemoryKV("kv", nil)}
-	hold := make(chan struct{})
-	for range maxMemberWrites {
-		g.submit(time.Now().Add(time.Minute), func() { <-hold })
-	}
+	hold := holdWorkers(g)
 	const n, bad = 100, 37
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -755,10 +753,7 @@ func TestStoreGateIssuesRegisterWritesBeforeMemberHeartbeats(t *testing.T) {
 	g := countedGate()
 	defer g.stop()
 	kv := &batchCountingKV{MemoryKV: events.NewMemoryKV("kv", nil)}
-	hold := make(chan struct{})
-	for range maxMemberWrites {
-		g.submit(time.Now().Add(time.Minute), func() { <-hold })
-	}
+	hold := holdWorkers(g)
 	for g.busy.Load() < maxMemberWrites {
 		time.Sleep(time.Millisecond)
 	}
