@@ -616,32 +616,20 @@ func (a *memberActor) handle(r failover.Ready) {
 
 // kvWrite is w as the host's gate performs it (alone, or in a batch
 // with other members' writes): within the member's deadline, answered to
-// the member. A write whose turn comes later than issueMargin before its
-// deadline is never issued, and the member counts it failed at its
-// deadline.
+// the member. A write whose turn comes later than failover.IssueMargin
+// before its deadline is never issued, and the member counts it failed at
+// its deadline.
 func (a *memberActor) kvWrite(w failover.Write) *kvWrite {
 	window := w.Deadline - a.now()
 	now := time.Now()
 	return &kvWrite{
 		ctx: a.ctx, kv: a.deps.KV,
 		w:        events.KVWrite{Key: w.Key, Value: w.Value, Put: w.Put, Revision: w.ExpectRev},
-		issueBy:  now.Add(window - issueMargin(window, a.cfg.Rules.HeartbeatTimeout)),
+		issueBy:  now.Add(window - failover.IssueMargin(window, a.cfg.Rules.HeartbeatTimeout)),
 		deadline: now.Add(window),
 		beat:     w.Kind == failover.WriteMemberBeat,
 		done:     func(rev uint64, err error, took time.Duration) { a.answer(w, rev, err, took) },
 	}
-}
-
-// issueMargin is how long before its deadline a member's KV write is no
-// longer issued: one issued later would land after the member stopped
-// waiting under load, count as failed all the same, and be written again.
-// Half its window, and at most half a heartbeat_timeout: an acquire of
-// node leadership waits two heartbeat_timeouts (failover.Member's
-// acquireWindow), and in a takeover of thousands of pairs the acquires
-// still waiting after the first were dropped while the store had turns
-// for them, and tried again two seconds later.
-func issueMargin(window, heartbeat time.Duration) time.Duration {
-	return min(window/2, heartbeat/2)
 }
 
 // answer hands the member the outcome of its KV write w.

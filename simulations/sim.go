@@ -114,7 +114,7 @@ type Config struct {
 	AcquireOneHeartbeat bool
 	// HostBeatsInOrder gives the node's gate its order before register
 	// writes went first: member heartbeats and register writes issued in
-	// arrival order (throughput.go, writeRank; not a flag: no runtime does
+	// arrival order (throughput.go, issue; not a flag: no runtime does
 	// it any more; kept for the seeds found with it).
 	HostBeatsInOrder bool
 }

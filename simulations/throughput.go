@@ -106,7 +106,7 @@ func (w *world) issue(m *machine, g int, ref int32, by time.Duration) {
 	if !w.turnFree(m, g) || len(gt.wait) > 0 {
 		issueBy := by
 		if g == gateWrites && !w.cfg.HostIssueLate {
-			issueBy = by - issueMargin(by-w.now, w.base.HeartbeatTimeout)
+			issueBy = by - failover.IssueMargin(by-w.now, w.base.HeartbeatTimeout)
 		}
 		x := gated{ref: ref, by: by, issueBy: issueBy}
 		if g == gateWrites && !w.cfg.HostBeatsInOrder && !isMemberBeat(&w.msgs[ref].write) {
@@ -124,16 +124,6 @@ func (w *world) issue(m *machine, g int, ref int32, by time.Duration) {
 		return // its turn: known stale (batch.go, rule 1)
 	}
 	w.admit(m, g, ref, by)
-}
-
-// issueMargin is how long before its deadline a member KV write is no
-// longer issued (the runtime's memberActor.kvWrite): half its window, and
-// at most half a heartbeat_timeout — the window of a node's acquire is two
-// heartbeat_timeouts, and one still waiting after the first was dropped
-// while the store had turns for it (43 of 5,000 in a takeover, each
-// retried two seconds later).
-func issueMargin(window, heartbeat time.Duration) time.Duration {
-	return min(window/2, heartbeat/2)
 }
 
 // isMemberBeat: a member's heartbeat, which its node's gate issues after

@@ -882,6 +882,19 @@ func (m *Member) acquireWindow() time.Duration {
 	return m.rules.HeartbeatTimeout
 }
 
+// IssueMargin is how long before its deadline a host stops issuing a
+// member's KV write that waited for its turn (the runtime's gate and the
+// simulator's model of it): one issued later would land after the member
+// stopped waiting under load, count as failed all the same, and be written
+// again. Half its window, and at most half a heartbeat_timeout: an acquire
+// of node leadership waits two heartbeat_timeouts (acquireWindow), and in
+// a takeover of thousands of pairs the acquires still waiting after the
+// first second were dropped while the store had turns for them, and tried
+// again two seconds later.
+func IssueMargin(window, heartbeat time.Duration) time.Duration {
+	return min(window/2, heartbeat/2)
+}
+
 // watchCaughtUp reports whether the watch has delivered this member's
 // latest acknowledged heartbeat. Acknowledged puts say the way to NATS
 // works; a handoff reaches the member only through its watch, which can

@@ -303,3 +303,21 @@ func TestNodeModeAcquireWaitsTwoHeartbeats(t *testing.T) {
 		}
 	}
 }
+
+// A member's KV write is issued until half its window before its
+// deadline, and at most half a heartbeat_timeout before it: a node's
+// acquire, waiting two heartbeat_timeouts, is still issued 1.5 s after it
+// was asked for (in a 10,000-pair takeover those still waiting after the
+// first second were dropped while the store had turns for them).
+func TestIssueMargin(t *testing.T) {
+	for _, tc := range []struct{ window, heartbeat, want time.Duration }{
+		{time.Second, time.Second, 500 * time.Millisecond},
+		{2 * time.Second, time.Second, 500 * time.Millisecond},
+		{400 * time.Millisecond, time.Second, 200 * time.Millisecond},
+		{4 * time.Second, 3 * time.Second, 1500 * time.Millisecond},
+	} {
+		if got := IssueMargin(tc.window, tc.heartbeat); got != tc.want {
+			t.Errorf("IssueMargin(%v, %v) = %v, want %v", tc.window, tc.heartbeat, got, tc.want)
+		}
+	}
+}
