@@ -272,6 +272,13 @@ func collectTrial(ctx context.Context, js jetstream.JetStream, kv events.KV, opt
 	}
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	// A member appends its events in the order it produced them; dated by
+	// when they landed less their wait on the node, two close ones can
+	// invert as their appends' latency differs. The replay keeps each
+	// subject's times non-decreasing in sequence order
+	// (projections.keepSubjectOrder); so does the trial, or the two
+	// disagree by that inversion.
+	latest := map[string]time.Time{}
 	for rec, err := range evlog.Read(rctx, events.ReadOptions{Subject: "ev.failover." + r.Pair + ".>"}) {
 		if err != nil {
 			return fmt.Errorf("trial: read events: %w", err)
@@ -283,6 +290,10 @@ func collectTrial(ctx context.Context, js jetstream.JetStream, kv events.KV, opt
 		}
 		// Dated as the replay dates them: when they happened on the node.
 		t := rec.Occurred()
+		if last := latest[rec.Subject]; t.Before(last) {
+			t = last
+		}
+		latest[rec.Subject] = t
 		site := rec.Subject[len("ev.failover."+r.Pair+"."):]
 		switch ev.(type) {
 		case *failover.Fenced:

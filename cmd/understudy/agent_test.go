@@ -42,6 +42,7 @@ agent: {observe_interval: 200ms}
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {
 		code, stdout, _ = runBinary(t, 10*time.Second, "get", "status", "--nats-url", url, "--agent", "n1", "--json")
+		s = agent.Status{}
 		if code == exitOK && json.Unmarshal([]byte(stdout), &s) == nil && s.Settled() && s.ManifestGeneration == 1 {
 			break
 		}
@@ -199,6 +200,9 @@ func TestApplySignKey(t *testing.T) {
 		var s agent.Status
 		for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 			code, stdout, _ := runBinary(t, 10*time.Second, "get", "status", "--nats-url", url, "--agent", "n1", "--json")
+			// A fresh value each time: decoding over the last one would keep
+			// the fields this answer leaves out (refused_manifest).
+			s = agent.Status{}
 			if code == exitOK && json.Unmarshal([]byte(stdout), &s) == nil && ok(s) {
 				return s
 			}
