@@ -32,6 +32,9 @@
 #           go.mod differs from HEAD's); the harness itself always comes
 #           from the working tree
 # KEEP      1: keep each run's directory (node files, logs, store)
+# PROMOTE   exec (default): each member's promote procedure is one step
+#           running `true`, a process started per promotion; none: no
+#           promote step, so a takeover costs the survivor no process
 # PPROF     1: the member nodes serve Go's profiler (address in each node's log)
 # KILL_PROFILE  with PPROF=1 and KILL=1: site-b's CPU profile of the 30 s
 #           from the kill is written to KILL_PROFILE.<mode>.<pairs>
@@ -48,6 +51,7 @@ TOPOLOGY=${TOPOLOGY:-store}
 REPLAY=${REPLAY:-1}
 JSON=${JSON:-}
 REV=${REV:-}
+PROMOTE=${PROMOTE:-exec}
 KEEP=${KEEP:-0}
 
 case "$MODE" in
@@ -103,7 +107,7 @@ cp "$repo"/benchmarks/pairs/*.go "$h"/
 cp "$src/go.sum" "$h/go.sum"
 (cd "$h" && go build -tags libvirt_dlopen -o "$tmp/bin/bench-pairs" .)
 
-args=(-bin "$tmp/bin/understudy" -rev "$rev" -topology "$TOPOLOGY" -workdir "$tmp")
+args=(-bin "$tmp/bin/understudy" -rev "$rev" -topology "$TOPOLOGY" -promote "$PROMOTE" -workdir "$tmp")
 [ "$KILL" = 1 ] && args+=(-kill)
 [ "$REPLAY" = 0 ] && args+=(-replay=false)
 [ "$KEEP" = 1 ] && args+=(-keep -workdir /tmp)

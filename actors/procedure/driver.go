@@ -21,8 +21,11 @@ type Driver interface {
 // Drivers maps a StepSpec.Driver name to its driver.
 type Drivers map[string]Driver
 
-// DefaultDrivers returns the drivers of this build.
-func DefaultDrivers() Drivers { return Drivers{"exec": ExecDriver{}} }
+// DefaultDrivers returns the drivers of this build; one node's procedures
+// share them, so their commands' starts share one StartLimit.
+func DefaultDrivers() Drivers {
+	return Drivers{"exec": ExecDriver{Starts: NewStartLimit(DefaultStarts())}}
+}
 
 // Run runs step with the driver it names; a name without a driver fails
 // the step (Spec.Validate refuses such names at load).

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -164,4 +166,50 @@ func alive(pid int) bool {
 		return stat[i+2] != 'Z' && stat[i+2] != 'X'
 	}
 	return true
+}
+
+// A StartLimit of n lets at most n starts run at once, and every start
+// runs; a nil limit does not wait.
+func TestStartLimitBoundsStartsAtOnce(t *testing.T) {
+	const n, starts = 3, 40
+	l := NewStartLimit(n)
+	var now, most atomic.Int32
+	var wg sync.WaitGroup
+	for range starts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = l.do(func() error {
+				c := now.Add(1)
+				for m := most.Load(); c > m && !most.CompareAndSwap(m, c); m = most.Load() {
+				}
+				time.Sleep(2 * time.Millisecond)
+				now.Add(-1)
+				return nil
+			})
+		}()
+	}
+	wg.Wait()
+	if m := most.Load(); m > n || m < 2 {
+		t.Errorf("%d starts at once with a limit of %d", m, n)
+	}
+	var nilLimit *StartLimit
+	if err := nilLimit.do(func() error { return errors.New("ran") }); err == nil || err.Error() != "ran" {
+		t.Errorf("a nil limit: %v", err)
+	}
+	// The driver starts through its limit: with the only slot held, its
+	// command does not start; freed, it does.
+	one := NewStartLimit(1)
+	one.slots <- struct{}{}
+	done := make(chan Outcome, 1)
+	go func() { done <- (ExecDriver{Starts: one}).Run(context.Background(), execStep("true")) }()
+	select {
+	case o := <-done:
+		t.Fatalf("the step ran while its start limit was full: %+v", o)
+	case <-time.After(300 * time.Millisecond):
+	}
+	<-one.slots
+	if o := <-done; o.Result != ResultOK {
+		t.Errorf("step after the slot freed: %+v", o)
+	}
 }

@@ -40,7 +40,14 @@ type nodeSpec struct {
 	mode     string // leadership key; "" writes none (today's code knows none)
 	pairs    int    // members to host, one per pair pg-0000..
 	pprof    bool   // serve Go's profiler on a free loopback port (the log's "pprof listening" line)
+	promote  string // promoteExec or promoteNone
 }
+
+// The members' promote procedure (-promote).
+const (
+	promoteExec = "exec" // one step running `true`: a process per promotion
+	promoteNone = "none" // no step
+)
 
 // pairName is the name of the i-th pair, zero-padded so that names sort.
 func pairName(i, n int) string {
@@ -75,7 +82,12 @@ func nodeFile(s nodeSpec) string {
 	b.WriteString("pairs:\n")
 	// A fence step is required (a member that cannot fence must never
 	// serve); its timeout stays inside the default fence_grace (2s).
-	const noop = `procedures: {fence: {steps: [{name: fence, driver: exec, timeout: 500ms, exec: {command: "true"}}]}, promote: {steps: [{name: promote, driver: exec, timeout: 1s, exec: {command: "true"}}]}}`
+	// With -promote none, a promotion has nothing to run (a valid pair:
+	// only fence steps are required).
+	noop := `procedures: {fence: {steps: [{name: fence, driver: exec, timeout: 500ms, exec: {command: "true"}}]}, promote: {steps: [{name: promote, driver: exec, timeout: 1s, exec: {command: "true"}}]}}`
+	if s.promote == promoteNone {
+		noop = `procedures: {fence: {steps: [{name: fence, driver: exec, timeout: 500ms, exec: {command: "true"}}]}}`
+	}
 	for i := range s.pairs {
 		fmt.Fprintf(&b, "  - {pair: %s, primary: %s, replica: %s, %s}\n", pairName(i, s.pairs), siteA, siteB, noop)
 	}
@@ -287,7 +299,7 @@ func startCluster(ctx context.Context, o options, dir string) (c *cluster, start
 		return startNode(o.bin, s.name, path, filepath.Join(dir, s.name+".log"))
 	}
 	var first *proc // the process embedding NATS
-	a := nodeSpec{name: siteA, dataDir: filepath.Join(dir, siteA), mode: o.mode, pairs: o.pairs, pprof: o.pprof}
+	a := nodeSpec{name: siteA, dataDir: filepath.Join(dir, siteA), mode: o.mode, pairs: o.pairs, pprof: o.pprof, promote: o.promote}
 	switch o.topology {
 	case topoStore:
 		if c.store, err = launch(nodeSpec{name: "store", dataDir: filepath.Join(dir, "store"), embedded: true, pprof: o.pprof}); err != nil {
@@ -319,7 +331,7 @@ func startCluster(ctx context.Context, o options, dir string) (c *cluster, start
 			return c, started, err
 		}
 	}
-	if c.b, err = launch(nodeSpec{name: siteB, dataDir: filepath.Join(dir, siteB), url: c.natsURL, mode: o.mode, pairs: o.pairs, pprof: o.pprof}); err != nil {
+	if c.b, err = launch(nodeSpec{name: siteB, dataDir: filepath.Join(dir, siteB), url: c.natsURL, mode: o.mode, pairs: o.pairs, pprof: o.pprof, promote: o.promote}); err != nil {
 		return c, started, err
 	}
 	return c, started, nil

@@ -33,6 +33,13 @@
 // `leadership: <mode>` into the member node files; without it no key is
 // written, which is what binaries before node leadership accept.
 //
+// Every member fences with one exec step running `true` (a member that
+// cannot fence must never serve). -promote exec (the default) gives each
+// a promote step running `true` too, so a takeover of N pairs starts N
+// processes on the survivor; -promote none gives it none, so the figure
+// is the failover's own: the two measure the node's process starts apart
+// from its leadership.
+//
 // It lives in a module of its own (go.mod here, understudy replaced by the
 // repository) so that the layering test of the main module, which knows
 // only DESIGN.md's folders, does not see it. scripts/bench-pairs.sh builds

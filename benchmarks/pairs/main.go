@@ -50,6 +50,7 @@ type options struct {
 	progress    bool
 	pprof       bool
 	killProfile string
+	promote     string
 }
 
 func main() {
@@ -69,6 +70,7 @@ func main() {
 	flag.StringVar(&o.workDir, "workdir", "", "parent of the run's temporary directory (default: $TMPDIR)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (node files, logs, JetStream store)")
 	flag.BoolVar(&o.progress, "progress", false, "show progress on stderr")
+	flag.StringVar(&o.promote, "promote", promoteExec, "each member's promote procedure: exec (one step running `true`: a process started per promotion) or none (no step: the takeover costs the node no process)")
 	flag.BoolVar(&o.pprof, "pprof", false, "member nodes serve Go's profiler on a free loopback port (see each node's log for the address); needs a binary that knows the pprof key")
 	flag.StringVar(&o.killProfile, "kill-profile", "", "with -pprof and -kill: write site-b's CPU profile of the 30 s from the kill to this file")
 	flag.Parse()
@@ -81,6 +83,8 @@ func main() {
 		fatal(fmt.Errorf("-mode %q: per-pair, node, or empty for none", o.mode))
 	case o.topology != topoStore && o.topology != topoEmbedded:
 		fatal(fmt.Errorf("-topology %q: %s or %s", o.topology, topoStore, topoEmbedded))
+	case o.promote != promoteExec && o.promote != promoteNone:
+		fatal(fmt.Errorf("-promote %q: %s or %s", o.promote, promoteExec, promoteNone))
 	case o.kill && o.topology != topoStore:
 		fatal(errors.New("-kill needs -topology store: with embedded, killing site-a kills the store"))
 	}
@@ -158,7 +162,7 @@ func measure(ctx context.Context, o options) (*result, error) {
 	} else {
 		defer os.RemoveAll(dir)
 	}
-	r := &result{Rev: o.rev, Mode: modeName(o.mode), Pairs: o.pairs, Topology: o.topology, DurationS: o.duration.Seconds(), LoadStart: loadavg()}
+	r := &result{Rev: o.rev, Mode: modeName(o.mode), Pairs: o.pairs, Topology: o.topology, Promote: o.promote, DurationS: o.duration.Seconds(), LoadStart: loadavg()}
 
 	o.progressf(false, "starting the nodes")
 	c, started, err := startCluster(ctx, o, dir)

@@ -15,6 +15,7 @@ type result struct {
 	Mode      string  `json:"mode"` // "unset": no leadership key written
 	Pairs     int     `json:"pairs"`
 	Topology  string  `json:"topology"`
+	Promote   string  `json:"promote"` // exec or none (-promote)
 	DurationS float64 `json:"duration_s"`
 
 	// RefusedAtStart: the member nodes that refused to start their
@@ -129,6 +130,7 @@ func (r *result) line() string {
 	kv("mode", r.Mode)
 	kv("pairs", r.Pairs)
 	kv("topology", r.Topology)
+	kv("promote", r.Promote)
 	if len(r.RefusedAtStart) > 0 {
 		kv("refused_at_start", len(r.RefusedAtStart))
 		kv("load", r.LoadStart+"->"+r.LoadEnd)
