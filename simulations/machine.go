@@ -71,6 +71,12 @@ type machine struct {
 	reconnecting bool
 	keptBusy     bool
 	batchOff     [2]time.Duration
+
+	// Config.CPU (cpu.go): when each core is free next, the steps'
+	// starts waiting for a slot (mStep refs) and the starts being served.
+	cpu      []time.Duration
+	startQ   []int32
+	starting int
 }
 
 // nodeName is the name of the node at site: node-a for site-a.
@@ -203,6 +209,7 @@ func (w *world) start(m *machine) {
 	m.powered, m.running, m.paused = true, true, false
 	m.inc++
 	m.nonce = "i" + strconv.FormatUint(uint64(m.inc), 10)
+	w.cpuRestart(m) // before its members start their chains
 	for _, s := range w.pairs {
 		s.startMember(s.nodes[m.idx])
 	}

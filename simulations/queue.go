@@ -28,6 +28,7 @@ const (
 	evSlotDeadline                    // HostWriteBound: a request's deadline, its gate slot freed if held (node, ref = gate, gen = token)
 	evBatchDeadline                   // HostBatch: the earliest deadline of a batch part's writes, which fails it if unanswered (node, ref = batch, gen = its send)
 	evConnCheck                       // HostConnWatch: a machine judges its connection (node; gen 1: a reconnection attempt only)
+	evStarted                         // Config.CPU.StartCost: a step's process has started (node, ref = the mStep, gen = the machine's incarnation)
 )
 
 // item is one entry of the event queue: ordered by (at, seq). It holds no
@@ -42,6 +43,9 @@ type item struct {
 	ref  int32
 	node int8
 	kind evKind
+	// served: the machine's CPU was reserved for it (cpu.go); it is taken
+	// in when it comes out of the queue.
+	served bool
 }
 
 // queue is a binary min-heap of items on a plain slice (no container/heap:

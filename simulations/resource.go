@@ -111,6 +111,12 @@ func (s *sim) handleOut(n *node, out procedure.Out) {
 		final := run.Index == len(s.spec.Chain(run.Kind).Steps)-1
 		d, o := s.outcome(n, run, final)
 		ref := s.alloc(msg{kind: mStep, inc: n.inc, run: run.RunID, chain: run.Kind, final: final, outcome: o, pair: s.pi})
+		if s.cpuCosts() && s.cfg.CPU.StartCost > 0 {
+			m := &s.msgs[ref]
+			m.took, m.deadline = d, s.now+run.Step.Timeout
+			s.startStep(n.machine, ref)
+			continue
+		}
 		s.push(item{at: s.now + d, kind: evStepDone, node: int8(n.idx), ref: ref})
 	}
 	if out.Done != nil {

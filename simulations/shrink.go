@@ -160,6 +160,22 @@ func Command(cfg Config, pairConfig string) string {
 	if cfg.HostRaiseOnce {
 		b.WriteString(" --host-raise-once")
 	}
+	if c := cfg.CPU; c.StepCost > 0 {
+		b.WriteString(" --host-step-cost ")
+		b.WriteString(c.StepCost.String())
+		if c.Cores > 0 {
+			b.WriteString(" --host-cores ")
+			b.WriteString(strconv.Itoa(c.Cores))
+		}
+		if c.StartCost > 0 {
+			b.WriteString(" --host-start-cost ")
+			b.WriteString(c.StartCost.String())
+		}
+		if c.StartLimit != 0 {
+			b.WriteString(" --host-start-limit ")
+			b.WriteString(strconv.Itoa(c.StartLimit))
+		}
+	}
 	if cfg.HostConnNaive {
 		b.WriteString(" --host-conn-naive")
 	} else if cfg.HostConnWatch {

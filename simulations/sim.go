@@ -112,11 +112,33 @@ type Config struct {
 	// TestTakeoverInWaves and the tests of the findings before it; not a
 	// flag: no runtime does it any more).
 	AcquireOneHeartbeat bool
+	// CPU models the nodes' CPU (cpu.go); the zero value models none:
+	// every input is taken in when it arrives, as before.
+	CPU CPUModel
 	// HostBeatsInOrder gives the node's gate its order before register
 	// writes went first: member heartbeats and register writes issued in
 	// arrival order (throughput.go, issue; not a flag: no runtime does
 	// it any more; kept for the seeds found with it).
 	HostBeatsInOrder bool
+}
+
+// CPUModel is a node's CPU (cpu.go), the same on every node.
+type CPUModel struct {
+	// StepCost: every input a member or the liveness writer takes in
+	// costs this much of one of the node's cores, each core serving its
+	// work in arrival order (0: no CPU model).
+	StepCost time.Duration
+	// Cores: each node's cores (0: 2).
+	Cores int
+	// StartCost: what starting one procedure step's process (fork and
+	// exec) costs the node's CPU; the step runs from when its start was
+	// served (0: nothing).
+	StartCost time.Duration
+	// StartLimit: starts a node serves at once, the others waiting in
+	// order (0: the runtime's procedure.StartLimit, 2 × Cores); negative:
+	// unbounded, as the runtime before d9f1761 — every start queued on the
+	// CPU the moment it is asked for.
+	StartLimit int
 }
 
 // DefaultPair is the pair the simulator runs when Config.Rules is zero.
@@ -297,6 +319,9 @@ type msg struct {
 	final   bool // mStep: the last step of its chain
 	outcome procedure.Outcome
 	done    procedure.ChainResult // mProcResult
+	// mStep with a CPU model's start cost (cpu.go): how long the step
+	// runs once its process started, and its deadline.
+	took, deadline time.Duration
 	// pair is the index of the pair whose member sent the message or must
 	// receive it; all (-1): the machine's own (its liveness writer's
 	// writes and their answers, liveness records and Synced on its watch).

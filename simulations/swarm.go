@@ -37,6 +37,8 @@ type SwarmConfig struct {
 	HostBatch          int
 	HostBatchNoAppends bool
 	HostRaiseOnce      bool
+	// CPU: the nodes' CPU (see Config).
+	CPU CPUModel
 	// Workers is how many simulations run at once; default GOMAXPROCS.
 	Workers int
 	// ShrinkBudget bounds the runs spent minimising each failing seed's
@@ -88,7 +90,7 @@ func (c SwarmConfig) SeedConfig(seed uint64) Config {
 		sc = "random"
 	}
 	return Config{Scenario: sc, Seed: seed, Duration: d, Rules: c.Rules, AllowUnsafe: c.AllowUnsafe, Fsync: c.Fsync, Leadership: c.Leadership, Pairs: c.Pairs,
-		StoreWriteTime: c.StoreWriteTime, StoreBatchWritePart: c.StoreBatchWritePart, HostWriteBound: c.HostWriteBound, HostBatch: c.HostBatch, HostBatchNoAppends: c.HostBatchNoAppends, HostRaiseOnce: c.HostRaiseOnce}
+		StoreWriteTime: c.StoreWriteTime, StoreBatchWritePart: c.StoreBatchWritePart, HostWriteBound: c.HostWriteBound, HostBatch: c.HostBatch, HostBatchNoAppends: c.HostBatchNoAppends, HostRaiseOnce: c.HostRaiseOnce, CPU: c.CPU}
 }
 
 // Swarm runs c.Seeds independent simulations on c.Workers goroutines (each

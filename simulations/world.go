@@ -125,6 +125,9 @@ func (w *world) run() {
 		if it.at > w.end {
 			break
 		}
+		if w.cpuWait(it) {
+			continue
+		}
 		w.now = it.at
 		w.steps++
 		w.tr.item(it)
@@ -219,6 +222,10 @@ func (w *world) dispatch(it item) int32 {
 		if !w.connCheck(w.machines[it.node], it.gen) {
 			return 0
 		}
+	case evStarted:
+		p := w.msgs[it.ref].pair
+		w.started(w.machines[it.node], it)
+		return p
 	case evStepDone:
 		s := w.pairs[w.msgs[it.ref].pair]
 		s.stepDone(s.nodes[it.node], it)

@@ -32,6 +32,7 @@ type simulateFlags struct {
 	hostBatch     int
 	noAppendBatch bool
 	raiseOnce     bool
+	cpu           simulations.CPUModel
 	connWatch     bool
 	connNaive     bool
 	faults        string
@@ -87,6 +88,10 @@ schedule delta debugging found. See docs/simulation.md.`,
 	fl.IntVar(&f.hostBatch, "host-batch", 0, "with --host-write-bound: a node sends its members' waiting KV writes in atomic batches of up to this many, served by the store as one write, as the runtime does (256); 0: one at a time")
 	fl.BoolVar(&f.noAppendBatch, "host-batch-no-appends", false, "with --host-batch: batch only the KV writes, each event append going alone as before the runtime batched them too (for comparison)")
 	fl.BoolVar(&f.raiseOnce, "host-raise-once", false, "with --leadership node: a node's members' raises of another node's epoch go outside --host-write-bound, identical ones as one write, as the runtime does")
+	fl.DurationVar(&f.cpu.StepCost, "host-step-cost", 0, "model each node's CPU: every input a member or the liveness writer takes in costs this much of one core, served in arrival order (0: no CPU model; docs/simulation.md)")
+	fl.IntVar(&f.cpu.Cores, "host-cores", 0, "with --host-step-cost: each node's cores (0: 2)")
+	fl.DurationVar(&f.cpu.StartCost, "host-start-cost", 0, "with --host-step-cost: what starting one procedure step's process costs the node's CPU")
+	fl.IntVar(&f.cpu.StartLimit, "host-start-limit", 0, "with --host-start-cost: starts served at once (0: the runtime's, 2 × cores; -1: unbounded, as before the runtime bounded them)")
 	fl.BoolVar(&f.connWatch, "host-conn-watch", false, "model the node's judgement of its NATS connection: silent for heartbeat_timeout, it is given up and reconnected unless its server answers a side connection (a busy store), as the runtime does (docs/simulation.md)")
 	fl.BoolVar(&f.connNaive, "host-conn-naive", false, "the judgement before the runtime's fix (implies --host-conn-watch): no side connection, and a batch broken by the reconnection turns batches off for a minute (for comparison)")
 	fl.StringVar(&f.faults, "faults", "", "fault schedule replacing the scenario's, e.g. 'partition(site-a,both)@12.5s+4s;crash(site-b)@1m'")
@@ -153,6 +158,12 @@ func runSimulate(cmd *cobra.Command, f simulateFlags, stdout, stderr io.Writer) 
 	if f.hostBatch > 0 && f.writeBound == 0 {
 		return usage("--host-batch needs --host-write-bound (the runtime's: %d): writes are batched while they wait at it", simulations.HostWriteBoundRuntime)
 	}
+	if f.cpu.StepCost < 0 || f.cpu.Cores < 0 || f.cpu.StartCost < 0 || f.cpu.StartLimit < -1 {
+		return usage("--host-step-cost, --host-cores and --host-start-cost must not be negative; --host-start-limit is -1 (unbounded), 0 (the runtime's) or a count")
+	}
+	if f.cpu.StepCost == 0 && (f.cpu.Cores != 0 || f.cpu.StartCost != 0 || f.cpu.StartLimit != 0) {
+		return usage("--host-cores, --host-start-cost and --host-start-limit need --host-step-cost: they refine the CPU model it turns on")
+	}
 	if f.noAppendBatch && f.hostBatch == 0 {
 		return usage("--host-batch-no-appends needs --host-batch")
 	}
@@ -182,7 +193,7 @@ func runSimulate(cmd *cobra.Command, f simulateFlags, stdout, stderr io.Writer) 
 		return usage("unknown scenario %q; see understudy simulate --list", f.scenario)
 	}
 	cfg := simulations.Config{Scenario: f.scenario, Seed: f.seed, Duration: f.duration, Rules: rules, AllowUnsafe: f.allowUnsafe, Fsync: fsync,
-		Leadership: lead, Pairs: f.pairs, StoreWriteTime: f.storeWrite, StoreBatchWritePart: f.batchWrite, HostWriteBound: f.writeBound, HostBatch: f.hostBatch, HostBatchNoAppends: f.noAppendBatch, HostRaiseOnce: f.raiseOnce,
+		Leadership: lead, Pairs: f.pairs, StoreWriteTime: f.storeWrite, StoreBatchWritePart: f.batchWrite, HostWriteBound: f.writeBound, HostBatch: f.hostBatch, HostBatchNoAppends: f.noAppendBatch, HostRaiseOnce: f.raiseOnce, CPU: f.cpu,
 		HostConnWatch: f.connWatch, HostConnNaive: f.connNaive}
 	if set("faults") {
 		fs, err := simulations.ParseFaults(f.faults, rules.Primary, rules.Replica)
@@ -350,7 +361,7 @@ func runSwarm(cmd *cobra.Command, f simulateFlags, rules failover.Rules, fsync s
 	sc := simulations.SwarmConfig{
 		Seeds: f.seeds, FirstSeed: f.firstSeed, Duration: f.duration, Rules: rules, AllowUnsafe: f.allowUnsafe,
 		Fsync: fsync, Workers: f.workers, ShrinkBudget: f.shrink, PairConfig: f.pairConfig,
-		Leadership: lead, Pairs: f.pairs, StoreWriteTime: f.storeWrite, StoreBatchWritePart: f.batchWrite, HostWriteBound: f.writeBound, HostBatch: f.hostBatch, HostBatchNoAppends: f.noAppendBatch, HostRaiseOnce: f.raiseOnce,
+		Leadership: lead, Pairs: f.pairs, StoreWriteTime: f.storeWrite, StoreBatchWritePart: f.batchWrite, HostWriteBound: f.writeBound, HostBatch: f.hostBatch, HostBatchNoAppends: f.noAppendBatch, HostRaiseOnce: f.raiseOnce, CPU: f.cpu,
 	}
 	if sc.Duration == 0 {
 		sc.Duration = 10 * time.Minute

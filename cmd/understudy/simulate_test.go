@@ -296,6 +296,8 @@ func TestSimulateUsageErrors(t *testing.T) {
 		{[]string{"simulate", "--scenario", "random", "--host-batch", "256"}, "--host-batch needs --host-write-bound"},
 		{[]string{"simulate", "--scenario", "random", "--host-write-bound", "64", "--host-batch", "257"}, "--host-batch = 257"},
 		{[]string{"simulate", "--scenario", "random", "--host-write-bound", "64", "--host-batch-no-appends"}, "--host-batch-no-appends needs --host-batch"},
+		{[]string{"simulate", "--scenario", "random", "--host-start-cost", "1ms"}, "--host-start-limit need --host-step-cost"},
+		{[]string{"simulate", "--scenario", "random", "--host-step-cost", "20us", "--host-start-limit", "-2"}, "--host-start-limit is -1 (unbounded)"},
 	} {
 		code, _, errOut := runCLI(t, tc.args...)
 		if code != exitUsage || !strings.Contains(errOut, tc.want) {
