@@ -206,7 +206,7 @@ func (c *computation) stopBound(last time.Time) (time.Time, bool) {
 	if !ok || rl.HeartbeatTimeout <= 0 {
 		return time.Time{}, false
 	}
-	return last.Add(time.Duration(rl.FailureThreshold+1)*rl.HeartbeatTimeout + rl.FenceGrace), true
+	return last.Add(rl.StopBound()), true
 }
 
 // orderSites lists the sites: the rules' primary and replica first.

@@ -320,8 +320,7 @@ func (s *sim) lastUnfencedBefore(site string, term uint64, at time.Duration) tim
 // recordView dates every outage as the record does (see above) and
 // returns the total and the longest.
 func (s *sim) recordView() (total, longest time.Duration) {
-	rl := s.rules
-	stopBound := time.Duration(rl.FailureThreshold+1)*rl.HeartbeatTimeout + rl.FenceGrace
+	stopBound := s.rules.StopBound()
 	end := s.now // the export's window ends at virtual time, as its header says
 	prevTo, run := time.Duration(-1), time.Duration(0)
 	// A serving the record dates earlier than a previous outage's end (its

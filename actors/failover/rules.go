@@ -124,11 +124,20 @@ const (
 	MaxLag       = 1 << 40
 )
 
-// MinFailoverTimeout is the smallest failover_timeout the safety inequality
-// allows for these rules: (failure_threshold + 1) * heartbeat_timeout + fence_grace.
-func (r Rules) MinFailoverTimeout() time.Duration {
+// StopBound is how long after its last acknowledged heartbeat a holder
+// has stopped serving at the latest: it counts failure_threshold writes
+// failed, one heartbeat_timeout each plus the one in flight, then fences
+// within fence_grace — (failure_threshold + 1) × heartbeat_timeout +
+// fence_grace. Every reader that dates a stop from the record (replay,
+// the simulator's record view, what-if) uses this one rule.
+func (r Rules) StopBound() time.Duration {
 	return time.Duration(r.FailureThreshold+1)*r.HeartbeatTimeout + r.FenceGrace
 }
+
+// MinFailoverTimeout is the smallest failover_timeout the safety inequality
+// allows for these rules: the stop bound. A holder's replacement may take
+// over only once the old holder has stopped.
+func (r Rules) MinFailoverTimeout() time.Duration { return r.StopBound() }
 
 // Validate checks every field, then the safety inequality. It returns a
 // *actors.ConfigError naming the first field that breaks a rule.

@@ -158,3 +158,25 @@ func TestStoreStallAndRewatchGaps(t *testing.T) {
 		t.Error("after a fresh watch skipped its heartbeats the follower did not promote a leader silent for 6.5s")
 	}
 }
+
+// The stop bound is (failure_threshold + 1) × heartbeat_timeout +
+// fence_grace, and the safety inequality's floor is that bound: a
+// failover_timeout one nanosecond under it is refused, at it accepted.
+func TestStopBoundIsTheSafetyFloor(t *testing.T) {
+	r := DefaultRules("p", "a", "b")
+	r.HeartbeatTimeout, r.FailureThreshold, r.FenceGrace = 700*time.Millisecond, 4, 1500*time.Millisecond
+	if got, want := r.StopBound(), 5*700*time.Millisecond+1500*time.Millisecond; got != want {
+		t.Fatalf("StopBound = %v, want %v", got, want)
+	}
+	if r.MinFailoverTimeout() != r.StopBound() {
+		t.Errorf("MinFailoverTimeout %v, StopBound %v", r.MinFailoverTimeout(), r.StopBound())
+	}
+	r.FailoverTimeout = r.StopBound()
+	if err := r.Validate(); err != nil {
+		t.Errorf("failover_timeout at the stop bound: %v", err)
+	}
+	r.FailoverTimeout = r.StopBound() - time.Nanosecond
+	if err := r.Validate(); err == nil {
+		t.Errorf("failover_timeout under the stop bound accepted")
+	}
+}

@@ -288,7 +288,7 @@ func whatIf(file string, proposed failover.Rules, proposedPath string, seed uint
 // replaced and its replacement to serve — twice the larger of
 // failover_timeout and the stop bound, plus ten heartbeats.
 func whatIfTail(r failover.Rules) time.Duration {
-	stop := time.Duration(r.FailureThreshold+1)*r.HeartbeatTimeout + r.FenceGrace
+	stop := r.StopBound()
 	return (2*max(r.FailoverTimeout, stop) + 10*r.HeartbeatTimeout).Round(time.Second)
 }
 
