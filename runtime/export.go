@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"understudy/actors/failover"
 	"understudy/events"
 )
 
@@ -53,9 +54,9 @@ type pairSource struct {
 
 func (o PairRecordOptions) sources() []pairSource {
 	return []pairSource{
-		{"KV_" + o.Bucket, "$KV." + o.Bucket + "." + o.Pair + ".>"},
-		{o.Stream, "ev.failover." + o.Pair + ".>"},
-		{o.Stream, "ev.procedure." + o.Pair + ".>"},
+		{"KV_" + o.Bucket, "$KV." + o.Bucket + "." + failover.NamesOf(o.Pair).Keys()},
+		{o.Stream, failover.NamesOf(o.Pair).Members()},
+		{o.Stream, failover.NamesOf(o.Pair).Procedures()},
 	}
 }
 

@@ -8,7 +8,6 @@ import (
 
 	"understudy/actors/agent"
 	"understudy/actors/failover"
-	"understudy/actors/procedure"
 )
 
 // Permissions are the identities of sec as the embedded server accepts
@@ -223,7 +222,7 @@ func (a permAssets) node(name string, sec *SecuritySection) *server.Permissions 
 		pub = append(pub, a.failover+failover.LeaderKey(p))
 		for _, s := range sites {
 			pub = append(pub, a.failover+failover.HeartbeatKey(p, s), a.failover+failover.RulesKey(p, s),
-				failover.Subject(p, s), failover.HostSubject(p, s), procedure.Subject(p+"."+s))
+				failover.NamesOf(p).Member(s), failover.HostSubject(p, s), failover.NamesOf(p).Procedure(s))
 		}
 	}
 	sub := inboxes(id.NKey)

@@ -279,7 +279,8 @@ func collectTrial(ctx context.Context, js jetstream.JetStream, kv events.KV, opt
 	// (projections.keepSubjectOrder); so does the trial, or the two
 	// disagree by that inversion.
 	latest := map[string]time.Time{}
-	for rec, err := range evlog.Read(rctx, events.ReadOptions{Subject: "ev.failover." + r.Pair + ".>"}) {
+	names := failover.NamesOf(r.Pair)
+	for rec, err := range evlog.Read(rctx, events.ReadOptions{Subject: names.Members()}) {
 		if err != nil {
 			return fmt.Errorf("trial: read events: %w", err)
 		}
@@ -294,7 +295,7 @@ func collectTrial(ctx context.Context, js jetstream.JetStream, kv events.KV, opt
 			t = last
 		}
 		latest[rec.Subject] = t
-		site := rec.Subject[len("ev.failover."+r.Pair+"."):]
+		site, _ := names.MemberSite(rec.Subject)
 		switch ev.(type) {
 		case *failover.Fenced:
 			if site == r.Primary && !t.Before(sum.FaultAt) && sum.PrimaryFencedAt == nil {

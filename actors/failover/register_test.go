@@ -90,3 +90,29 @@ func TestInputOfOperatorKeys(t *testing.T) {
 		t.Errorf("corrupt failover request: %#v %v", in, err)
 	}
 }
+
+// Names spells what the writers write and parses it back; a subject of
+// another pair (one whose name the first is a prefix of) or a deeper one
+// is not this pair's.
+func TestNamesRoundTrip(t *testing.T) {
+	n := NamesOf("pg")
+	for _, site := range []string{"site-a", "b"} {
+		if got, ok := n.MemberSite(n.Member(site)); !ok || got != site || n.Member(site) != Subject("pg", site) {
+			t.Errorf("member subject %q: site %q %v", n.Member(site), got, ok)
+		}
+		if got, ok := n.ProcedureSite(n.Procedure(site)); !ok || got != site {
+			t.Errorf("procedure subject %q: site %q %v", n.Procedure(site), got, ok)
+		}
+	}
+	for _, s := range []string{"ev.failover.pg-main.site-a", "ev.failover.pg.site-a.x", "ev.failover.pg.", "ev.procedure.pg.site-a", "ev.host.pg.site-a"} {
+		if site, ok := n.MemberSite(s); ok {
+			t.Errorf("MemberSite(%q) = %q, want not this pair's member subject", s, site)
+		}
+	}
+	if n.Members() != "ev.failover.pg.>" || n.Procedures() != "ev.procedure.pg.>" || n.Keys() != "pg.>" {
+		t.Errorf("filters %q %q %q", n.Members(), n.Procedures(), n.Keys())
+	}
+	if n.Leader() != LeaderKey("pg") || n.Heartbeat("b") != HeartbeatKey("pg", "b") {
+		t.Errorf("keys %q %q", n.Leader(), n.Heartbeat("b"))
+	}
+}

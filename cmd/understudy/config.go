@@ -172,7 +172,8 @@ func awaitVerdicts(ctx context.Context, stdout io.Writer, nc *nats.Conn, rules f
 	defer cancel()
 	verdicts := map[string]string{}
 	var refused []string
-	opts := events.ReadOptions{Subject: "ev.failover." + rules.Pair + ".>", FromTime: since.Add(-time.Second), Follow: true}
+	names := failover.NamesOf(rules.Pair)
+	opts := events.ReadOptions{Subject: names.Members(), FromTime: since.Add(-time.Second), Follow: true}
 	for rec, err := range evlog.Read(wctx, opts) {
 		if err != nil {
 			break
@@ -181,7 +182,10 @@ func awaitVerdicts(ctx context.Context, stdout io.Writer, nc *nats.Conn, rules f
 		if err != nil {
 			continue
 		}
-		site := rec.Subject[len("ev.failover."+rules.Pair+"."):]
+		site, ok := names.MemberSite(rec.Subject)
+		if !ok {
+			continue
+		}
 		switch e := ev.(type) {
 		case *failover.ConfigApplied:
 			if e.Rev == rev && verdicts[site] == "" {

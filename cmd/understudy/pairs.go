@@ -330,7 +330,7 @@ func watchSwitchoverRejection(ctx context.Context, nc *nats.Conn, pair string, r
 		return out
 	}
 	go func() {
-		opts := events.ReadOptions{Subject: "ev.failover." + pair + ".>", FromTime: req.Requested.Add(-time.Second), Follow: true}
+		opts := events.ReadOptions{Subject: failover.NamesOf(pair).Members(), FromTime: req.Requested.Add(-time.Second), Follow: true}
 		for rec, err := range evlog.Read(ctx, opts) {
 			if err != nil {
 				return

@@ -143,10 +143,10 @@ func (p *patternTap) add(rec events.Record) {
 		}
 		return
 	}
-	site, ok := strings.CutPrefix(rec.Subject, "ev.failover."+p.pair+".")
+	site, ok := failover.NamesOf(p.pair).MemberSite(rec.Subject)
 	// A restart is a start that is not its subject's first event (the
 	// process's very first start is not a crash).
-	if !ok || strings.Contains(site, ".") || rec.Headers[events.HeaderExpectedLastSubjectSeq] == "0" {
+	if !ok || rec.Headers[events.HeaderExpectedLastSubjectSeq] == "0" {
 		return
 	}
 	if ev, err := p.codec.DecodeRecord(rec); err == nil {
