@@ -14,7 +14,7 @@ import (
 )
 
 // DefaultBucket is the failover KV bucket understudy provisions.
-const DefaultBucket = "understudy_failover"
+const DefaultBucket = events.DefaultFailoverBucket
 
 // expectHeader is the header JetStream stores with a conditional write: the
 // subject's previous sequence. Every event (the appenders write by

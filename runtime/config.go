@@ -27,15 +27,16 @@ import (
 	"understudy/actors/resources"
 	"understudy/actors/resources/libvirt"
 	"understudy/actors/resources/libvirt/rules"
+	"understudy/events"
 )
 
 // Defaults of a node's configuration; [DefaultConfig] fills them in.
 const (
 	DefaultNATSListen     = "127.0.0.1:4222"
 	DefaultHTTPAddr       = "127.0.0.1:9464"
-	DefaultFailoverBucket = "understudy_failover"
-	DefaultFleetBucket    = "understudy_fleet"
-	DefaultEventsStream   = "UNDERSTUDY_EVENTS"
+	DefaultFailoverBucket = events.DefaultFailoverBucket
+	DefaultFleetBucket    = events.DefaultFleetBucket
+	DefaultEventsStream   = events.DefaultEventsStream
 
 	// DefaultExternalReplicas is the replica count of the assets on an
 	// external NATS cluster when none is configured.

@@ -15,8 +15,8 @@ import (
 
 // Names of the simulated JetStream assets, as the runtime provisions them.
 const (
-	DefaultBucket = "understudy_failover"
-	DefaultStream = "UNDERSTUDY_EVENTS"
+	DefaultBucket = events.DefaultFailoverBucket
+	DefaultStream = events.DefaultEventsStream
 )
 
 // FsyncMode is when the simulated server makes acknowledged writes durable.
