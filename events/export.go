@@ -935,7 +935,7 @@ func KVRecord(bucket string, e Entry) Record {
 		bucket = e.Bucket
 	}
 	rec := Record{
-		Stream:   "KV_" + bucket,
+		Stream:   KVStream(bucket),
 		Subject:  "$KV." + bucket + "." + e.Key,
 		Sequence: e.Revision,
 		Time:     e.Time,

@@ -37,7 +37,7 @@ func NewJetStreamKV(ctx context.Context, js jetstream.JetStream, bucket string) 
 		return nil, fmt.Errorf("events: open KV bucket %q: %w", bucket, err)
 	}
 	k := &JetStreamKV{kv: kv, bucket: bucket, nc: js.Conn()}
-	if st, err := js.Stream(ctx, "KV_"+bucket); err == nil {
+	if st, err := js.Stream(ctx, KVStream(bucket)); err == nil {
 		k.atomic = st.CachedInfo().Config.AllowAtomicPublish
 	}
 	return k, nil

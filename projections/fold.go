@@ -101,7 +101,7 @@ func NewFold(opts Options) (*Fold, error) {
 	return &Fold{
 		opts:     opts,
 		codec:    codec,
-		kvStream: "KV_" + opts.Bucket,
+		kvStream: events.KVStream(opts.Bucket),
 		kvPrefix: "$KV." + opts.Bucket + "." + opts.Pair + ".",
 		evFail:   failover.NamesOf(opts.Pair).MemberPrefix(),
 		evProc:   failover.NamesOf(opts.Pair).ProcedurePrefix(),

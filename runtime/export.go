@@ -54,7 +54,7 @@ type pairSource struct {
 
 func (o PairRecordOptions) sources() []pairSource {
 	return []pairSource{
-		{"KV_" + o.Bucket, "$KV." + o.Bucket + "." + failover.NamesOf(o.Pair).Keys()},
+		{events.KVStream(o.Bucket), "$KV." + o.Bucket + "." + failover.NamesOf(o.Pair).Keys()},
 		{o.Stream, failover.NamesOf(o.Pair).Members()},
 		{o.Stream, failover.NamesOf(o.Pair).Procedures()},
 	}

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"understudy/events"
 )
 
 // AssetKind tells a KV bucket from a plain stream.
@@ -65,7 +67,7 @@ type Asset struct {
 // StreamName is the name of the JetStream stream that holds the asset.
 func (a Asset) StreamName() string {
 	if a.Kind == KVBucket {
-		return "KV_" + a.Name
+		return events.KVStream(a.Name)
 	}
 	return a.Name
 }

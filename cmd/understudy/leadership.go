@@ -128,7 +128,7 @@ func latestWrite(ctx context.Context, js jetstream.JetStream, bucket string) (st
 	if err != nil {
 		return "", 0, fmt.Errorf("open bucket %s: %w", bucket, err)
 	}
-	st, err := js.Stream(ctx, "KV_"+bucket)
+	st, err := js.Stream(ctx, events.KVStream(bucket))
 	if err != nil {
 		return "", 0, fmt.Errorf("open bucket %s: %w", bucket, err)
 	}

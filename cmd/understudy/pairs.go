@@ -506,7 +506,7 @@ func serverTime(ctx context.Context, nc *nats.Conn, bucket string) (time.Time, e
 	if err != nil {
 		return time.Time{}, err
 	}
-	st, err := js.Stream(ctx, "KV_"+bucket)
+	st, err := js.Stream(ctx, events.KVStream(bucket))
 	if err != nil {
 		return time.Time{}, fmt.Errorf("bucket %s: %w", bucket, err)
 	}
