@@ -38,6 +38,9 @@
 # PPROF     1: the member nodes serve Go's profiler (address in each node's log)
 # KILL_PROFILE  with PPROF=1 and KILL=1: site-b's CPU profile of the 30 s
 #           from the kill is written to KILL_PROFILE.<mode>.<pairs>
+# KILL_TRACE    with PPROF=1 and KILL=1: site-b's execution trace from
+#           3.5 s to 8.5 s after the kill (the takeover) is written to
+#           KILL_TRACE.<mode>.<pairs> (go tool trace)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -130,6 +133,7 @@ for mode in "${modes[@]}"; do
     out=$tmp/run.out
     run_args=()
     [ -n "${KILL_PROFILE:-}" ] && run_args+=(-kill-profile "$KILL_PROFILE.${mode:-unset}.$n")
+    [ -n "${KILL_TRACE:-}" ] && run_args+=(-kill-trace "$KILL_TRACE.${mode:-unset}.$n")
     "$tmp/bin/bench-pairs" "${args[@]}" "${run_args[@]}" -duration "$duration" -pairs "$n" -mode "$mode" >"$out" &
     harness_pid=$!
     rc=0

@@ -50,6 +50,7 @@ type options struct {
 	progress    bool
 	pprof       bool
 	killProfile string
+	killTrace   string
 	promote     string
 }
 
@@ -73,6 +74,7 @@ func main() {
 	flag.StringVar(&o.promote, "promote", promoteExec, "each member's promote procedure: exec (one step running `true`: a process started per promotion) or none (no step: the takeover costs the node no process)")
 	flag.BoolVar(&o.pprof, "pprof", false, "member nodes serve Go's profiler on a free loopback port (see each node's log for the address); needs a binary that knows the pprof key")
 	flag.StringVar(&o.killProfile, "kill-profile", "", "with -pprof and -kill: write site-b's CPU profile of the 30 s from the kill to this file")
+	flag.StringVar(&o.killTrace, "kill-trace", "", "with -pprof and -kill: write site-b's execution trace (go tool trace) of the takeover, from 3.5 s to 8.5 s after the kill, to this file")
 	flag.Parse()
 	switch {
 	case o.bin == "":
@@ -559,6 +561,19 @@ func killPhase(ctx context.Context, o options, c *cluster, src *registerSource, 
 			})
 		}
 	}
+	if o.killTrace != "" {
+		profiled.Go(func() {
+			select {
+			case <-time.After(3500 * time.Millisecond):
+			case <-ctx.Done():
+				return
+			}
+			url := fmt.Sprintf("http://%s/debug/pprof/trace?seconds=5", c.b.pprofAddr.Load().(string))
+			if err := fetchTo(ctx, url, 40*time.Second, o.killTrace); err != nil {
+				o.progressf(true, "site-b's execution trace after the kill: %v", err)
+			}
+		})
+	}
 	tKill := time.Now()
 	c.a.kill()
 	r.Killed = true
@@ -669,7 +684,12 @@ func profileCPU(ctx context.Context, addr string, d time.Duration, file string) 
 		return errors.New("no pprof address in the node's log (run with -pprof)")
 	}
 	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds()))
-	return httpGet(ctx, url, d+30*time.Second, func(body io.Reader) error {
+	return fetchTo(ctx, url, d+30*time.Second, file)
+}
+
+// fetchTo writes what url answers to file.
+func fetchTo(ctx context.Context, url string, timeout time.Duration, file string) error {
+	return httpGet(ctx, url, timeout, func(body io.Reader) error {
 		f, err := os.Create(file)
 		if err != nil {
 			return err
