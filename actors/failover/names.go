@@ -1,10 +1,6 @@
 package failover
 
-import (
-	"strings"
-
-	"understudy/actors/procedure"
-)
+import "strings"
 
 // Names builds and parses the subjects and keys of one pair's record: its
 // members' events, its resources' procedure events, its register and
@@ -28,9 +24,14 @@ func (n Names) MemberSite(subject string) (site string, ok bool) {
 	return oneToken(subject, n.MemberPrefix())
 }
 
+// procedureSubjects is procedure.Subject's prefix, spelled here because
+// the procedure package's tests import this one (TestNamesRoundTrip
+// checks the two agree).
+const procedureSubjects = "ev.procedure."
+
 // Procedure is the procedure-event subject of the pair's resource at
 // site: the resource is <pair>.<site> (procedure.Subject).
-func (n Names) Procedure(site string) string { return procedure.Subject(n.Pair + "." + site) }
+func (n Names) Procedure(site string) string { return procedureSubjects + n.Pair + "." + site }
 
 // Procedures is the filter of every procedure event of the pair's
 // resources.
@@ -52,7 +53,7 @@ func (n Names) Keys() string                 { return n.Pair + ".>" }
 // MemberPrefix and ProcedurePrefix are what every subject of the kind
 // begins with ("…<pair>."), for a reader that classifies many subjects.
 func (n Names) MemberPrefix() string    { return Subject(n.Pair, "") }
-func (n Names) ProcedurePrefix() string { return procedure.Subject(n.Pair + ".") }
+func (n Names) ProcedurePrefix() string { return procedureSubjects + n.Pair + "." }
 
 // oneToken is what follows prefix in subject when it is one token.
 func oneToken(subject, prefix string) (string, bool) {

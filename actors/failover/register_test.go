@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"understudy/actors/procedure"
 	"understudy/events"
 )
 
@@ -99,6 +100,9 @@ func TestNamesRoundTrip(t *testing.T) {
 	for _, site := range []string{"site-a", "b"} {
 		if got, ok := n.MemberSite(n.Member(site)); !ok || got != site || n.Member(site) != Subject("pg", site) {
 			t.Errorf("member subject %q: site %q %v", n.Member(site), got, ok)
+		}
+		if n.Procedure(site) != procedure.Subject("pg."+site) {
+			t.Errorf("procedure subject %q, procedure.Subject %q", n.Procedure(site), procedure.Subject("pg."+site))
 		}
 		if got, ok := n.ProcedureSite(n.Procedure(site)); !ok || got != site {
 			t.Errorf("procedure subject %q: site %q %v", n.Procedure(site), got, ok)
