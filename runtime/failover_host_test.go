@@ -1031,3 +1031,34 @@ func TestStalledWatchesDoNotDelayFailover(t *testing.T) {
 		t.Logf("the replica served %v after the primary died (bound %v)", took, bound)
 	}
 }
+
+// A member steps only with one of its host's step slots: with every slot
+// held, its start-up fence's result is not taken in (no fenced); freed,
+// it is.
+func TestMemberStepsWithAStepSlot(t *testing.T) {
+	t.Parallel()
+	fn := startFailoverNATS(t)
+	r := failover.DefaultRules("slots", "site-a", "site-b")
+	tr := newTransitions()
+	engine, err := actor.NewEngine(actor.NewEngineConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := make(chan struct{}, 1)
+	steps <- struct{}{} // every slot held
+	deps := MemberDeps{Log: fn.evlog, KV: fn.kv, Drivers: procedure.Drivers{"exec": &stepRecorder{}},
+		Logger: slog.New(slog.DiscardHandler), Observe: tr.observe, steps: steps}
+	pid := engine.Spawn(NewMemberActor(MemberConfig{Rules: r, Site: r.Replica, Procedures: recordedProcedures()}, deps), "member", actor.WithID("slots"))
+	t.Cleanup(func() { <-engine.Poison(pid).Done() })
+	tr.waitFor(t, r.Replica, "failover.fence_requested", 1, 10*time.Second)
+	time.Sleep(500 * time.Millisecond)
+	tr.mu.Lock()
+	for _, x := range tr.list {
+		if x.Event.EventType() == "failover.fenced" {
+			t.Errorf("the member stepped with every step slot held: %+v", x)
+		}
+	}
+	tr.mu.Unlock()
+	<-steps
+	tr.waitFor(t, r.Replica, "failover.fenced", 1, 10*time.Second)
+}

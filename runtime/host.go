@@ -83,7 +83,8 @@ type Host struct {
 	libvirt *libvirt.DriverProcess // the libvirt steps'; nil when HostOptions.Drivers were given
 	Log     events.Log
 	KV      events.KV
-	gate    *storeGate // Log's appends and the members' writes go through it
+	gate    *storeGate    // Log's appends and the members' writes go through it
+	steps   chan struct{} // members stepping at once (stepSlots)
 	logger  *slog.Logger
 	metrics *MemberMetrics
 
@@ -221,7 +222,7 @@ func (h *Host) spawn(sl *memberSlot) {
 	if h.leadership == LeadershipNode {
 		deps.watch, deps.raises, deps.publish = h.watch, h.raises, h.publish
 	}
-	deps.gate = h.gate
+	deps.gate, deps.steps = h.gate, h.steps
 	id := sl.cfg.Rules.Pair + "." + sl.cfg.Site
 	if gen > 1 {
 		id = fmt.Sprintf("%s.%d", id, gen)
@@ -332,7 +333,7 @@ func StartHost(ctx context.Context, js jetstream.JetStream, stream, bucket strin
 		logger.Warn("the store did not take a batch of writes: members' writes go one at a time for a while (if the bucket or the events stream lacks allow_atomic, provisioning sets it)",
 			"err", err, "retry_after", batchRetry)
 	}
-	h := &Host{Log: boundedLog{Log: evlog, gate: gate}, gate: gate, KV: kv, logger: logger, metrics: opts.Metrics,
+	h := &Host{Log: boundedLog{Log: evlog, gate: gate}, gate: gate, steps: stepSlots(), KV: kv, logger: logger, metrics: opts.Metrics,
 		lvcfg: opts.LibvirtDriver, observe: opts.Observe, trust: opts.Trust, adding: map[string]bool{},
 		node: opts.Node, leadership: leadership, health: newStoreHealth(logger.With("component", "store-health"), opts.Metrics),
 	}

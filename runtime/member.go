@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	goruntime "runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -95,7 +96,20 @@ type MemberDeps struct {
 	// gate, when set, bounds the KV writes the host's members have in
 	// flight (see maxMemberWrites) and lets them pass the host's appends.
 	gate *storeGate
+	// steps, when set, is the host's bound on members stepping at once
+	// (see stepSlots).
+	steps chan struct{}
 }
+
+// stepSlots is how many of a host's members step at once: a few per CPU.
+// When thousands of members have an input at the same moment (the raise
+// of a dead node's epoch answered to all of them), each one's actor
+// goroutine is runnable at once, and Go's scheduler runs what the network
+// readies (the answers of the store, the NATS client's reads) only after
+// the runnable goroutines queued before it: the survivor of a 10,000-pair
+// takeover sent and read nothing for half a second while its members
+// stepped. Members waiting for a slot are parked, not runnable.
+func stepSlots() chan struct{} { return make(chan struct{}, 2*goruntime.GOMAXPROCS(0)) }
 
 // MemberSnapshot is a member's state as its node's HTTP endpoints report
 // it: its phase and term, and what the latest check of its workload found.
@@ -453,6 +467,10 @@ func (a *memberActor) stopped() {
 func (a *memberActor) step(in failover.Input) {
 	if a.m == nil || a.conflicted {
 		return
+	}
+	if a.deps.steps != nil {
+		a.deps.steps <- struct{}{}
+		defer func() { <-a.deps.steps }()
 	}
 	a.handle(a.m.Step(a.now(), in))
 	a.schedule()
