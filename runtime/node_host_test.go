@@ -439,10 +439,19 @@ func (k *slowLivenessKV) Update(ctx context.Context, key string, value []byte, r
 // heartbeat_timeout makes the node degraded — metric, one warning, and
 // /healthz degraded (200) — while its members keep serving: overload is
 // not failure. It is back to normal when the writes are fast again.
+// heartbeat_timeout is 600ms here, not fastRules' 200ms: a write slowed
+// to 0.6 of it then has 240ms, not 80ms, for the rest of its way, which a
+// loaded machine under -race took (a heartbeat failed in make test).
 func TestSlowStoreIsDegradedNotFailed(t *testing.T) {
 	t.Parallel()
 	fn := startFailoverNATS(t)
 	pairs := nodePairs(t, "node-slow", 2)
+	for i := range pairs {
+		pairs[i].HeartbeatTimeout, pairs[i].FailoverTimeout = 600*time.Millisecond, 3*time.Second
+		if err := pairs[i].Validate(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	tr := newTransitions()
 	log, rec := newLogRecorder(t)
 	slow := &slowLivenessKV{}
