@@ -22,16 +22,9 @@ import (
 // (procedure.StartLimit: two starts per core at once) the node's own work
 // goes between the starts, and every pair is taken over within it.
 func TestProcedureStartsStarveTheNode(t *testing.T) {
-	faults, err := ParseFaults("crash(site-b)@1ms+20s;powercut(site-a)@40s", "site-a", "site-b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const cut = 40 * time.Second
-	cfg := Config{Scenario: "power-cut", Seed: 1, Duration: 50 * time.Second, Leadership: LeadershipNode, Pairs: 3000,
-		StoreWriteTime: 150 * time.Microsecond, StoreBatchWritePart: 300 * time.Microsecond,
-		HostWriteBound: HostWriteBoundRuntime, HostBatch: HostBatchRuntime, HostRaiseOnce: true,
-		CPU:    CPUModel{StepCost: 20 * time.Microsecond, Cores: 2, StartCost: time.Millisecond},
-		Faults: faults, FaultsSet: true}
+	const cut = takeoverCut
+	cfg := takeoverSetting(t, 3000)
+	cfg.CPU = CPUModel{StepCost: 20 * time.Microsecond, Cores: 2, StartCost: time.Millisecond}
 	rules := DefaultPair()
 	bound := rules.FailoverTimeout + 2*rules.HeartbeatTimeout
 

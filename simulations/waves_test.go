@@ -27,15 +27,8 @@ import (
 // writes go before member heartbeats: every pair within the bound (the
 // last 6.5s after the cut, 106 failed acquires).
 func TestTakeoverInWaves(t *testing.T) {
-	faults, err := ParseFaults("crash(site-b)@1ms+20s;powercut(site-a)@40s", "site-a", "site-b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const cut = 40 * time.Second
-	cfg := Config{Scenario: "power-cut", Seed: 1, Duration: 50 * time.Second, Leadership: LeadershipNode, Pairs: 4000,
-		StoreWriteTime: 150 * time.Microsecond, StoreBatchWritePart: 300 * time.Microsecond,
-		HostWriteBound: HostWriteBoundRuntime, HostBatch: HostBatchRuntime, HostRaiseOnce: true,
-		Faults: faults, FaultsSet: true}
+	const cut = takeoverCut
+	cfg := takeoverSetting(t, 4000)
 	rules := DefaultPair()
 	bound := rules.FailoverTimeout + 2*rules.HeartbeatTimeout
 
@@ -66,4 +59,24 @@ func TestTakeoverInWaves(t *testing.T) {
 	for _, v := range after.Violations {
 		t.Errorf("with the fix: %+v", v)
 	}
+}
+
+// takeoverCut is when takeoverSetting cuts the primaries' node.
+const takeoverCut = 40 * time.Second
+
+// takeoverSetting is the whole-node takeover the world's 10,000-pair runs
+// are reproduced in: node leadership, pairs a node, a store serving a
+// write alone in 150µs and a batch in 150µs plus 300µs a write, the
+// runtime's bound, batches and raises made once; the replicas' node
+// starts 20s late, the primaries' node is cut at takeoverCut.
+func takeoverSetting(t *testing.T, pairs int) Config {
+	t.Helper()
+	faults, err := ParseFaults("crash(site-b)@1ms+20s;powercut(site-a)@40s", "site-a", "site-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Config{Scenario: "power-cut", Seed: 1, Duration: 50 * time.Second, Leadership: LeadershipNode, Pairs: pairs,
+		StoreWriteTime: 150 * time.Microsecond, StoreBatchWritePart: 300 * time.Microsecond,
+		HostWriteBound: HostWriteBoundRuntime, HostBatch: HostBatchRuntime, HostRaiseOnce: true,
+		Faults: faults, FaultsSet: true}
 }
