@@ -30,14 +30,7 @@ func TestProcedureStartsStarveTheNode(t *testing.T) {
 
 	old := cfg
 	old.CPU.StartLimit = -1
-	before, err := Run(old)
-	if err != nil {
-		t.Fatal(err)
-	}
-	after, err := Run(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	before, after := runBoth(t, old, cfg)
 	beforeWon, beforeServing := takeoverSpan(before, cut)
 	won, serving := takeoverSpan(after, cut)
 	t.Logf("starts unbounded: the last register %v after the cut (serving %v), %d failed acquires; bounded: %v (serving %v), %d failed acquires",

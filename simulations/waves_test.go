@@ -34,14 +34,7 @@ func TestTakeoverInWaves(t *testing.T) {
 
 	old := cfg
 	old.AcquireOneHeartbeat, old.HostBeatsInOrder = true, true
-	before, err := Run(old)
-	if err != nil {
-		t.Fatal(err)
-	}
-	after, err := Run(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	before, after := runBoth(t, old, cfg)
 	beforeWon, _ := takeoverSpan(before, cut)
 	won, serving := takeoverSpan(after, cut)
 	t.Logf("before the fix: the last register %v after the cut, %d failed acquires; with it: %v (serving %v), %d failed acquires",
@@ -79,4 +72,17 @@ func takeoverSetting(t *testing.T, pairs int) Config {
 		StoreWriteTime: 150 * time.Microsecond, StoreBatchWritePart: 300 * time.Microsecond,
 		HostWriteBound: HostWriteBoundRuntime, HostBatch: HostBatchRuntime, HostRaiseOnce: true,
 		Faults: faults, FaultsSet: true}
+}
+
+// runBoth runs the setting before a fix (old) and with it (cfg).
+func runBoth(t *testing.T, old, cfg Config) (before, after *Result) {
+	t.Helper()
+	var err error
+	if before, err = Run(old); err != nil {
+		t.Fatal(err)
+	}
+	if after, err = Run(cfg); err != nil {
+		t.Fatal(err)
+	}
+	return before, after
 }
