@@ -160,7 +160,9 @@ type (
 	conflictFenceDone struct{}
 	memberShutdown    struct{ done chan struct{} }
 	memberPet         struct{}
-	watchFailed       struct{ err error }
+	// memberTakeLive: take in the node's liveness log now (nodeWatch.wakeMembers).
+	memberTakeLive struct{}
+	watchFailed    struct{ err error }
 )
 
 // memberActor hosts one failover.Member: it feeds it the pair's KV watch,
@@ -211,6 +213,16 @@ type memberActor struct {
 	watched  bool              // a watch delivered its initial values (under feedMu)
 	bridging atomic.Bool       // the watch lags: read the pair's keys directly (bridge)
 	inbox    memberInbox       // leadership: node: what the node's watch hands over
+	// liveSeen: the seq of the latest item of the node's liveness log this
+	// member took in (leadership: node; set when it subscribes, then by its
+	// steps); liveBuf is reused by takeLive; liveMissed: items it fell
+	// behind on, as last logged.
+	liveSeen   uint64
+	liveBuf    []liveItem
+	liveMissed uint64
+	// prompt: the member acts on its node's next routine liveness input
+	// (failover.Member.Prompt): it takes in every liveness input at once.
+	prompt atomic.Bool
 	// Under feedMu: session numbers the watches (one per Watch); regSession
 	// is the session that handed over the latest register entry (0: a
 	// direct read did), and genuine the latest genuine entry handed over
@@ -263,6 +275,8 @@ func (a *memberActor) Receive(c *actor.Context) {
 		}
 	case memberInput:
 		a.step(msg.in)
+	case memberTakeLive:
+		a.step(nil)
 	case procDone:
 		if msg.res.Seq == conflictFenceSeq && msg.res.Kind == failover.ProcFence {
 			a.log.Warn("conflict fence finished; member stops", "ok", msg.res.OK, "detail", msg.res.Detail)
@@ -464,6 +478,8 @@ func (a *memberActor) stopped() {
 	}
 }
 
+// step feeds the member in (nil: nothing), after what the node's
+// liveness log gained since its last step (takeLive).
 func (a *memberActor) step(in failover.Input) {
 	if a.m == nil || a.conflicted {
 		return
@@ -472,13 +488,39 @@ func (a *memberActor) step(in failover.Input) {
 		a.deps.steps <- struct{}{}
 		defer func() { <-a.deps.steps }()
 	}
-	a.handle(a.m.Step(a.now(), in))
+	a.gauges.stepped()
+	now := a.now()
+	a.takeLive(now)
+	if in != nil {
+		a.handle(a.m.Step(now, in))
+	}
+	a.prompt.Store(a.m.Prompt())
 	a.schedule()
 	a.snapshot()
 	if a.handedOver != nil && !a.m.Holding() {
 		close(a.handedOver)
 		a.handedOver = nil
 	}
+}
+
+// takeLive steps the member on what the node's liveness log gained since
+// its last step, each dated by when the node saw it (see liveLog).
+func (a *memberActor) takeLive(now time.Duration) {
+	if a.deps.watch == nil {
+		return
+	}
+	items, latest, missed := a.deps.watch.lives.since(a.liveSeen, a.liveBuf[:0])
+	a.liveSeen = latest
+	if missed > 0 {
+		a.liveMissed += missed
+		a.log.Warn("member fell behind its node's liveness log: records and results it never took in",
+			"missed", missed, "missed_total", a.liveMissed, "kept", liveLogSize)
+	}
+	for i, it := range items {
+		a.handle(a.m.Step(now, dated(it.in, it.at, a.base)))
+		items[i] = liveItem{}
+	}
+	a.liveBuf = items[:0]
 }
 
 // snapshot publishes the member's state for the node's endpoints.
@@ -720,6 +762,8 @@ func (a *memberActor) deliver(d delivery) {
 		a.feed(d.e, d.session)
 	case d.synced:
 		a.markSynced()
+	case d.in == nil:
+		a.engine.Send(a.pid, memberTakeLive{})
 	default:
 		a.engine.Send(a.pid, memberInput{d.in})
 	}

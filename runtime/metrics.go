@@ -86,6 +86,7 @@ type MemberMetrics struct {
 	batches      *prometheus.CounterVec
 	appends      *prometheus.CounterVec
 	appendBatch  *prometheus.CounterVec
+	steps        prometheus.Counter
 }
 
 // NewMemberMetrics registers the member metrics in reg.
@@ -135,12 +136,16 @@ func NewMemberMetrics(reg prometheus.Registerer) *MemberMetrics {
 			Name: "understudy_store_appends_total",
 			Help: "The node's member event appends by how they were sent: alone, batched (in an atomic batch of two or more that was answered).",
 		}, []string{"how"}),
+		steps: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "understudy_member_steps_total",
+			Help: "Times the node's members ran: once per input handed to a member (a timer, an answer, a watch delivery, a procedure's result) and per wake to take in the node's liveness log. The routine liveness records and results a member takes in when it runs are not counted apart: with leadership: node an idle member runs about once per heartbeat_timeout.",
+		}),
 		appendBatch: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "understudy_store_append_batches_total",
 			Help: "The node's atomic batches of event appends by outcome: landed, split (a stale expectation or a stored message id: halved), refused (the stream took none: appended one by one), not_committed (this batch only: its connection failed before the commit, or too many batches were open; each append retried by its appender), failed (no answer in time, or another error).",
 		}, []string{"outcome"}),
 	}
-	reg.MustRegister(m.writeLatency, m.degraded, m.serving, m.term, m.phase, m.failures, m.events, m.stops, m.writes, m.batches, m.appends, m.appendBatch)
+	reg.MustRegister(m.writeLatency, m.degraded, m.serving, m.term, m.phase, m.failures, m.events, m.stops, m.writes, m.batches, m.appends, m.appendBatch, m.steps)
 	return m
 }
 
@@ -217,6 +222,13 @@ func (m *MemberMetrics) member(pair, site string) *memberGauges {
 		g.phase[p] = m.phase.WithLabelValues(pair, site, p.String())
 	}
 	return g
+}
+
+// stepped counts one run of the member (understudy_member_steps_total).
+func (g *memberGauges) stepped() {
+	if g != nil {
+		g.m.steps.Inc()
+	}
 }
 
 // observe records the member's state after a step and the events it

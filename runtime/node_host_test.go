@@ -791,3 +791,53 @@ func TestMemberHistoryReadHoldsUpNoOtherMember(t *testing.T) {
 		t.Errorf("pair %s, whose register nobody touched: %d failed heartbeats or lost leaderships while another pair's member read its history", other, n)
 	}
 }
+
+// Idle members take their node's routine liveness records and results in
+// at their next run (the node's liveness log), not one run each per
+// record: a member of an idle node runs about once per heartbeat_timeout
+// (its timer), where it ran four times (its timer, its own node's record,
+// the other node's, its node's liveness result) before. With 40 pairs
+// over two nodes, both nodes' members, over 15 heartbeats.
+func TestIdleMembersRunAboutOncePerHeartbeat(t *testing.T) {
+	t.Parallel()
+	fn := startFailoverNATS(t)
+	pairs := nodePairs(t, "node-idle", 40)
+	tr := newTransitions()
+	ma, mb := NewMemberMetrics(promRegistry()), NewMemberMetrics(promRegistry())
+	a := hostNode(t, fn, "node-a", "site-a", pairs, tr, nil, func(o *HostOptions) { o.Metrics = ma })
+	hostNode(t, fn, "node-b", "site-b", pairs, tr, nil, func(o *HostOptions) { o.Metrics = mb })
+	for _, r := range pairs {
+		tr.waitPair(t, r.Pair, r.Primary, "failover.serving_started", 1, 20*time.Second)
+	}
+	hb := pairs[0].HeartbeatTimeout
+	time.Sleep(3 * hb) // past the start's runs
+	counter := func(m *MemberMetrics) float64 {
+		var d dto.Metric
+		if err := m.steps.Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		return d.GetCounter().GetValue()
+	}
+	a0, b0, start := counter(ma), counter(mb), time.Now()
+	time.Sleep(15 * hb)
+	beats := float64(time.Since(start)) / float64(hb)
+	for _, x := range []struct {
+		node string
+		runs float64
+	}{{"node-a (holders)", counter(ma) - a0}, {"node-b (followers)", counter(mb) - b0}} {
+		per := x.runs / float64(len(pairs)) / beats
+		t.Logf("%s: %.0f member runs in %.1f heartbeats: %.2f per member and heartbeat", x.node, x.runs, beats, per)
+		if per > 2 || per < 0.5 {
+			t.Errorf("%s: %.2f runs per member and heartbeat_timeout, want about one (0.5 to 2)", x.node, per)
+		}
+	}
+	// Still current: every holder serves, and its node's record moves.
+	for _, r := range pairs {
+		if n := tr.countPair(r.Pair, "failover.fence_requested"); n != 2 {
+			t.Errorf("pair %s: %d fences, want the two of the start", r.Pair, n)
+		}
+	}
+	if h := a.host.StoreHealth(); h.Degraded {
+		t.Errorf("node-a degraded while idle: %+v", h)
+	}
+}

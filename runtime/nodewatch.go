@@ -45,6 +45,10 @@ type nodeWatch struct {
 	session  uint64
 	forged   map[string]uint64 // node -> latest revision logged as not genuine
 	syncedCh chan struct{}     // closed at the first Synced
+	// lives: the liveness records and results the members take in at
+	// their next step; resultEpoch: the epoch of the latest result logged.
+	lives       liveLog
+	resultEpoch uint64
 
 	// lag: the node's writes NATS acknowledged (liveness, its members'
 	// registers and raises) against what the watch delivered; its limit
@@ -225,11 +229,11 @@ func (w *nodeWatch) routeLive(node string, e events.Entry) {
 		w.log.Warn("liveness value not genuine: no member takes it for a beat or a raise", "node", node, "revision", e.Revision,
 			"value", le.Value.String(), "by", le.Value.By, "why", why)
 	}
+	prev, known := w.live[node]
 	w.live[node] = le
 	in := failover.LivenessObserved{Node: node, Entry: le}
-	for _, a := range w.members {
-		a.inbox.input(a, in)
-	}
+	w.lives.add(in, time.Now())
+	w.wakeMembers(urgentLive(in, prev, known))
 	if node == w.node && w.liveness != nil {
 		w.toLiveness(le)
 	}
@@ -293,6 +297,7 @@ func (w *nodeWatch) subscribe(a *memberActor) {
 	for node, le := range w.live {
 		a.inbox.input(a, failover.LivenessObserved{Node: node, Entry: le})
 	}
+	a.liveSeen = w.lives.latest.Load() // the log from here on; what came before, just above
 	if w.synced {
 		a.inbox.synced(a)
 	}
@@ -330,12 +335,28 @@ func (w *nodeWatch) setLiveness(fn func(failover.Input)) {
 	}
 }
 
-// broadcast hands in (the node's liveness results) to every member.
-func (w *nodeWatch) broadcast(in failover.Input) {
+// broadcast hands a result of the node's liveness writes to every
+// member: logged for their next step, and every member woken when it is
+// not a routine beat (a failed write, a new epoch).
+func (w *nodeWatch) broadcast(res failover.LivenessResult) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.lives.add(res, time.Now())
+	urgent := urgentLive(res, failover.LivenessEntry{}, true) || (res.Epoch != 0 && res.Epoch != w.resultEpoch)
+	if res.Epoch != 0 {
+		w.resultEpoch = res.Epoch
+	}
+	w.wakeMembers(urgent)
+}
+
+// wakeMembers has members take in the liveness log now: every member
+// (all), or those in a phase that acts on their node's liveness (see
+// memberActor.prompt). w.mu is held.
+func (w *nodeWatch) wakeMembers(all bool) {
 	for _, a := range w.members {
-		a.inbox.input(a, in)
+		if all || a.prompt.Load() {
+			a.inbox.input(a, nil) // nil: take in the log (memberActor.deliver)
+		}
 	}
 }
 
@@ -386,9 +407,7 @@ func (w *nodeWatch) bridge() {
 		}
 		w.mu.Lock()
 		if w.synced {
-			for _, a := range w.members {
-				a.inbox.synced(a)
-			}
+			w.lives.add(failover.Resynced{}, time.Now()) // for the members' next step
 			if w.liveness != nil {
 				w.liveness(failover.Resynced{})
 			}
@@ -440,7 +459,7 @@ type memberInbox struct {
 }
 
 // delivery is one hand-over: a pair's key e (Key set, from watch session),
-// an input, or Synced.
+// an input (nil: take in the node's liveness log), or Synced.
 type delivery struct {
 	e       events.Entry
 	session uint64

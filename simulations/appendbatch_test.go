@@ -71,9 +71,10 @@ func TestBatchedAppends(t *testing.T) {
 // single appends, which the appenders recognise as their own (duplicate
 // acks). Batches of KV writes are split on conflicts beside them. No
 // invariant breaks, no appender concludes a conflict, and the digest is
-// the same twice.
+// the same twice. (Seed 9 split no batch of KV writes once members took
+// routine beats in at their next step; seed 7 exercises all of it.)
 func TestAppendBatchesUnderFaults(t *testing.T) {
-	cfg := Config{Scenario: "random", Seed: 9, Duration: 3 * time.Minute, Leadership: LeadershipNode, Pairs: 200,
+	cfg := Config{Scenario: "random", Seed: 7, Duration: 3 * time.Minute, Leadership: LeadershipNode, Pairs: 200,
 		StoreWriteTime: time.Millisecond, HostWriteBound: HostWriteBoundRuntime, HostBatch: HostBatchRuntime}
 	r, err := Run(cfg)
 	if err != nil {

@@ -64,6 +64,7 @@ const (
 	cAppendIDTaken // a duplicate ack named a record not the appender's (a message on another subject under its id): appended again
 	// Node leadership (liveness.go).
 	cEpochRaised // a member raised a stale node's epoch
+	cLiveMissed  // a member fell behind its node's liveness log (items it never took in)
 	// Store throughput and node write bound (throughput.go).
 	cSurvivorHeartbeatFailed // a member counted a failed liveness write of its node while the peer node was down and its link clear
 	cNotIssued               // a member request waited at its node's bound past its turn (a KV write: half its window; an append: its deadline) and was never issued
@@ -153,6 +154,7 @@ var counterNames = [numCounters]string{
 	cLostToForger:            "leadership-lost-to-forged-value",
 	cAppendIDTaken:           "event-append-id-taken",
 	cEpochRaised:             "node-epoch-raised",
+	cLiveMissed:              "member-behind-liveness-log",
 	cSurvivorHeartbeatFailed: "survivor-heartbeat-failed-during-takeover",
 	cNotIssued:               "member-request-not-issued-by-deadline",
 	cRegisterLandedLate:      "register-write-landed-after-deadline",

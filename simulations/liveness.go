@@ -1,6 +1,8 @@
 package simulations
 
 import (
+	"time"
+
 	"understudy/actors/failover"
 	"understudy/events"
 )
@@ -44,11 +46,7 @@ func (w *world) liveHandle(m *machine, r failover.NodeReady) {
 	}
 	for _, res := range r.Results {
 		w.countLivenessFailed(m, res)
-		for _, s := range w.pairs {
-			if n := s.nodes[m.idx]; n.alive {
-				s.step(n, res)
-			}
-		}
+		w.stepLive(m, w.logLive(m, res))
 	}
 }
 
@@ -148,4 +146,105 @@ func (w *world) reloadLive() {
 		}
 	}
 	w.refreshLiveViews()
+}
+
+// The node's liveness log, as the runtime keeps it (runtime/livelog.go):
+// every node's liveness records its watch delivers and its own liveness
+// results are logged with when the node saw them, and each member takes
+// in what was logged since its last step at the start of its next one,
+// dated (failover.LivenessObserved.At) — not a step per member per beat.
+// What is not a routine beat (a raised or new epoch, a failed write) has
+// every member step at once, taking the log in first.
+
+// liveLogKept is how many items a machine's log keeps (the runtime's
+// liveLogSize).
+const liveLogKept = 4096
+
+// liveSeen is one item of a machine's liveness log.
+type liveSeen struct {
+	seq uint64
+	in  failover.Input
+	at  time.Duration // virtual time the node saw it
+}
+
+// logLive logs in (a liveness record or result) on m and reports whether
+// every member must take it in now (urgent) rather than at its next step.
+func (w *world) logLive(m *machine, in failover.Input) bool {
+	m.livesSeq++
+	if len(m.lives) >= liveLogKept {
+		copy(m.lives, m.lives[len(m.lives)-liveLogKept/2:])
+		m.lives = m.lives[:liveLogKept/2]
+	}
+	m.lives = append(m.lives, liveSeen{seq: m.livesSeq, in: in, at: w.now})
+	switch in := in.(type) {
+	case failover.LivenessObserved:
+		prev, ok := m.liveLast[in.Node]
+		if m.liveLast == nil {
+			m.liveLast = map[string]failover.LivenessEntry{}
+		}
+		m.liveLast[in.Node] = in.Entry
+		v := in.Entry.Value
+		return !ok || in.Entry.Forged || prev.Forged || !v.Own() || v.Epoch != prev.Value.Epoch
+	case failover.LivenessResult:
+		return in.Err != failover.WriteOK || in.Epoch != m.liveEpoch(in)
+	}
+	return true
+}
+
+// liveEpoch returns the epoch of the result logged before the latest
+// (0: none), for logLive.
+func (m *machine) liveEpoch(latest failover.LivenessResult) uint64 {
+	for i := len(m.lives) - 2; i >= 0; i-- {
+		if r, ok := m.lives[i].in.(failover.LivenessResult); ok {
+			return r.Epoch
+		}
+	}
+	return latest.Epoch
+}
+
+// stepLive has m's members take in its liveness log now: all of them (urgent), or only those that act on
+// their node's next routine beat (failover.Member.Prompt); the others
+// take it in at their next step.
+func (w *world) stepLive(m *machine, urgent bool) {
+	urgent = urgent || w.cfg.BeatsAtOnce
+	for _, s := range w.pairs {
+		if n := s.nodes[m.idx]; n.alive && n.m != nil && (urgent || n.m.Prompt()) {
+			s.takeLive(n)
+			s.armTick(n)
+		}
+	}
+}
+
+// takeLive steps member n on what its machine's liveness log gained since
+// its last step, dated by when the machine saw it.
+func (s *sim) takeLive(n *node) {
+	m := n.machine
+	if len(m.lives) == 0 || n.liveSeen >= m.livesSeq {
+		n.liveSeen = m.livesSeq
+		return
+	}
+	first := m.lives[0].seq
+	i := 0
+	if n.liveSeen >= first {
+		i = int(n.liveSeen - first + 1)
+	} else if n.liveSeen+1 < first {
+		s.count(cLiveMissed)
+	}
+	n.liveSeen = m.livesSeq
+	now := n.clk.local(s.now)
+	for _, it := range m.lives[i:] {
+		at := n.clk.local(it.at)
+		var in failover.Input
+		switch v := it.in.(type) {
+		case failover.LivenessObserved:
+			v.At = at
+			in = v
+		case failover.LivenessResult:
+			v.At = at
+			in = v
+		default:
+			in = v
+		}
+		s.handle(n, n.m.Step(now, in))
+	}
 }

@@ -45,6 +45,12 @@ type machine struct {
 	liveSet     bool
 	livePending [4]pendingWrite
 	liveNext    int
+	// lives: the liveness records and results the node saw, for its
+	// members to take in at their next step (see takeLive); livesSeq: the
+	// seq of the latest; liveLast: each node's latest record logged.
+	lives    []liveSeen
+	livesSeq uint64
+	liveLast map[string]failover.LivenessEntry
 
 	// HostWriteBound: its members' KV writes and appends in flight.
 	gates [2]gate
@@ -209,7 +215,8 @@ func (w *world) start(m *machine) {
 	m.powered, m.running, m.paused = true, true, false
 	m.inc++
 	m.nonce = "i" + strconv.FormatUint(uint64(m.inc), 10)
-	w.cpuRestart(m) // before its members start their chains
+	w.cpuRestart(m)                        // before its members start their chains
+	m.lives, m.liveLast = m.lives[:0], nil // a new process: a new log (members start at its end)
 	for _, s := range w.pairs {
 		s.startMember(s.nodes[m.idx])
 	}
@@ -458,6 +465,10 @@ func (w *world) deliverAll(m *machine, in failover.Input) {
 		if lo, ok := in.(failover.LivenessObserved); !ok || lo.Node == m.name {
 			w.liveStep(m, in)
 		}
+	}
+	if lo, ok := in.(failover.LivenessObserved); ok {
+		w.stepLive(m, w.logLive(m, lo))
+		return
 	}
 	for _, s := range w.pairs {
 		if n := s.nodes[m.idx]; n.alive {

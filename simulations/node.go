@@ -103,6 +103,9 @@ type node struct {
 	tickGen uint64
 	tickAt  time.Duration
 	tickSet bool
+	// liveSeen: the seq of the latest item of its machine's liveness log
+	// it took in (takeLive).
+	liveSeen uint64
 
 	pending     [16]pendingWrite
 	pendingNext int
@@ -179,6 +182,7 @@ func (s *sim) startMember(n *node) {
 	}
 	n.starts++
 	s.tr.u64(uint64(replayed))
+	n.liveSeen = n.livesSeq // what the node saw before, its watch delivers again
 	s.handle(n, m.Start(n.clk.local(s.now)))
 }
 

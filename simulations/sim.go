@@ -120,6 +120,12 @@ type Config struct {
 	// arrival order (throughput.go, issue; not a flag: no runtime does
 	// it any more; kept for the seeds found with it).
 	HostBeatsInOrder bool
+	// BeatsAtOnce has every member of a node take in each liveness
+	// record and result the moment its node sees it, as the runtime did
+	// before it logged routine beats for its members' next step
+	// (liveness.go, logLive; not a flag: no runtime does it any more;
+	// kept for the seeds found with it).
+	BeatsAtOnce bool
 }
 
 // CPUModel is a node's CPU (cpu.go), the same on every node.
@@ -583,6 +589,7 @@ const (
 
 // step feeds one input to a node's member and carries out what it asks.
 func (s *sim) step(n *node, in failover.Input) {
+	s.takeLive(n)
 	r := n.m.Step(n.clk.local(s.now), in)
 	s.handle(n, r)
 	s.armTick(n)

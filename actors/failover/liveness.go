@@ -148,6 +148,14 @@ type LivenessEntry struct {
 type LivenessObserved struct {
 	Node  string
 	Entry LivenessEntry
+	// At is the local monotonic time at which the host saw the record (0:
+	// when it is stepped). A host that hands a routine beat over later
+	// than it saw it — the runtime hands them over at the member's next
+	// step, not one step per member per beat — dates it here, so the
+	// member's clock of the holder's beat runs from when its node saw the
+	// beat (which is after the beat landed), never from when the member got
+	// round to it.
+	At time.Duration
 }
 
 // LivenessResult tells every member of a node how the node's latest
@@ -160,6 +168,10 @@ type LivenessResult struct {
 	Epoch    uint64
 	Revision uint64
 	Cause    string
+	// At is the local monotonic time at which the host had the answer (0:
+	// when it is stepped): the holder's lease runs from it, so a result
+	// handed over late never lengthens the lease.
+	At time.Duration
 }
 
 func (LivenessObserved) isInput() {}

@@ -329,6 +329,9 @@ type Member struct {
 	nodeEpoch  uint64
 	leaseEpoch uint64
 	lastLiveAt time.Duration
+	// seen: when the host saw the input being stepped (now, unless the
+	// input is dated: LivenessObserved.At, LivenessResult.At).
+	seen time.Duration
 	// written: the holder's latest landed register value (what a change
 	// is compared with) and its revision; flushAt: when it last published
 	// its log position.
@@ -459,6 +462,7 @@ func (m *Member) Step(now time.Duration, in Input) Ready {
 	if now > m.now {
 		m.now = now
 	}
+	m.seen = m.now
 	switch in := in.(type) {
 	case Tick:
 	case Resynced:
@@ -483,8 +487,10 @@ func (m *Member) Step(now time.Duration, in Input) Ready {
 	case ManualFailoverObserved:
 		m.onManualFailover(in)
 	case LivenessResult:
+		m.seen = m.dated(in.At)
 		m.onLivenessResult(in)
 	case LivenessObserved:
+		m.seen = m.dated(in.At)
 		m.onLiveness(in)
 	case ProcedureResult:
 		m.onProcedure(in)
@@ -496,6 +502,38 @@ func (m *Member) Step(now time.Duration, in Input) Ready {
 	}
 	m.tick()
 	return m.flush()
+}
+
+// Prompt reports whether the member acts on its node's next routine
+// liveness input (a beat of a node in the same epoch, a liveness write
+// that landed) as soon as it comes, so its host should hand it over at
+// once rather than at the member's next step (dated: LivenessObserved.At,
+// LivenessResult.At). A serving holder's lease and a follower's clock of
+// the holder's beats run from the inputs' dates, and the member wakes by
+// its own deadlines, so neither needs them at once; but a member taking
+// over, suspended, fencing or handing over acts on the next success, and
+// a follower that finds the holder stale by its own clock waits for its
+// own node's next beat to show it stale by server time too.
+func (m *Member) Prompt() bool {
+	switch m.phase {
+	case PhaseLeader:
+		return false
+	case PhaseFollower:
+		fo := m.rules.FailoverTimeout
+		return m.leaderKnown && m.leader.Value.Site != "" &&
+			(m.now-m.leaderSeenAt > fo || (m.leader.Value.Fenced && !m.fencedSince.IsZero() && m.now-m.fencedSeenAt > fo))
+	}
+	return true
+}
+
+// dated is when the host saw an input it dated at (see
+// LivenessObserved.At): at itself when set and not ahead of the member's
+// clock, else now.
+func (m *Member) dated(at time.Duration) time.Duration {
+	if at <= 0 || at > m.now {
+		return m.now
+	}
+	return at
 }
 
 func (m *Member) onSynced() {
@@ -1641,7 +1679,7 @@ func (m *Member) onMemberBeat(h HeartbeatObserved) {
 	default:
 		m.peerReady = 1
 	}
-	m.peerLast, m.peerSeenAt = h.Time, m.now
+	m.peerLast, m.peerSeenAt = h.Time, max(m.peerSeenAt, m.seen)
 	if m.phase != PhaseLeader || h.Site != m.rules.Primary {
 		m.prefCount, m.prefLast = 0, time.Time{}
 		return
@@ -2262,7 +2300,7 @@ func (m *Member) onLivenessResult(r LivenessResult) {
 	if m.opts.Node == "" {
 		return
 	}
-	m.lastLiveAt = m.now
+	m.lastLiveAt = max(m.lastLiveAt, m.seen)
 	if r.Err == WriteOK || r.Err == WriteConflict {
 		m.nodeEpoch = r.Epoch
 	}
@@ -2345,7 +2383,7 @@ func (m *Member) onLiveness(in LivenessObserved) {
 		m.onMemberBeat(HeartbeatObserved{Rev: e.Rev, Time: e.Time, Site: m.site})
 	}
 	if l := m.leader.Value; m.leaderKnown && l.Site != "" && l.Node == in.Node && (l.Epoch == v.Epoch || honourBumpedLease) && e.Rev > m.beatRev {
-		m.beatRev, m.beatTime, m.leaderSeenAt = e.Rev, e.Time, m.now
+		m.beatRev, m.beatTime, m.leaderSeenAt = e.Rev, e.Time, max(m.leaderSeenAt, m.seen)
 		if !l.Fenced && !m.fencedSince.IsZero() && !m.unfencedAt.IsZero() && e.Time.Sub(m.unfencedAt) >= m.rules.FailoverTimeout {
 			// The holder's unfenced value has stood for failover_timeout
 			// while its node beat: it recovered. A lone announcement of an
