@@ -134,6 +134,9 @@ func (a *livenessActor) Receive(c *actor.Context) {
 			a.handle(a.nl.Step(a.now(), failover.Tick{}))
 		}
 	case livenessInput:
+		if _, ok := msg.in.(failover.LivenessProbe); ok {
+			a.watch.probing.Store(false)
+		}
 		a.handle(a.nl.Step(a.now(), msg.in))
 	}
 }

@@ -215,10 +215,11 @@ type memberActor struct {
 	inbox    memberInbox       // leadership: node: what the node's watch hands over
 	// liveSeen: the seq of the latest item of the node's liveness log this
 	// member took in (leadership: node; set when it subscribes, then by its
-	// steps); liveBuf is reused by takeLive; liveMissed: items it fell
-	// behind on, as last logged.
+	// steps); liveItems and liveBuf are reused by takeLive and step;
+	// liveMissed: items it fell behind on, as last logged.
 	liveSeen   uint64
-	liveBuf    []liveItem
+	liveItems  []liveItem
+	liveBuf    []failover.Input
 	liveMissed uint64
 	// prompt: the member acts on its node's next routine liveness input
 	// (failover.Member.Prompt): it takes in every liveness input at once.
@@ -490,10 +491,15 @@ func (a *memberActor) step(in failover.Input) {
 	}
 	a.gauges.stepped()
 	now := a.now()
-	a.takeLive(now)
+	ins := a.takeLive()
 	if in != nil {
-		a.handle(a.m.Step(now, in))
+		ins = append(ins, in)
 	}
+	if len(ins) > 0 {
+		a.handle(a.m.StepAll(now, ins...))
+	}
+	clear(ins)
+	a.liveBuf = ins[:0]
 	a.prompt.Store(a.m.Prompt())
 	a.schedule()
 	a.snapshot()
@@ -503,13 +509,16 @@ func (a *memberActor) step(in failover.Input) {
 	}
 }
 
-// takeLive steps the member on what the node's liveness log gained since
-// its last step, each dated by when the node saw it (see liveLog).
-func (a *memberActor) takeLive(now time.Duration) {
+// takeLive returns what the node's liveness log gained since the
+// member's last step, each dated by when the node saw it (see liveLog),
+// in a.liveBuf: the step hands them to the member with its input, in one
+// StepAll.
+func (a *memberActor) takeLive() []failover.Input {
+	ins := a.liveBuf[:0]
 	if a.deps.watch == nil {
-		return
+		return ins
 	}
-	items, latest, missed := a.deps.watch.lives.since(a.liveSeen, a.liveBuf[:0])
+	items, latest, missed := a.deps.watch.lives.since(a.liveSeen, a.liveItems[:0])
 	a.liveSeen = latest
 	if missed > 0 {
 		a.liveMissed += missed
@@ -517,10 +526,11 @@ func (a *memberActor) takeLive(now time.Duration) {
 			"missed", missed, "missed_total", a.liveMissed, "kept", liveLogSize)
 	}
 	for i, it := range items {
-		a.handle(a.m.Step(now, dated(it.in, it.at, a.base)))
+		ins = append(ins, dated(it.in, it.at, a.base))
 		items[i] = liveItem{}
 	}
-	a.liveBuf = items[:0]
+	a.liveItems = items[:0]
+	return ins
 }
 
 // snapshot publishes the member's state for the node's endpoints.
@@ -668,6 +678,9 @@ func (a *memberActor) handle(r failover.Ready) {
 		} else {
 			go performWrite(kw)
 		}
+	}
+	if r.ProbeLiveness && a.deps.watch != nil {
+		a.deps.watch.probeLiveness()
 	}
 	for _, p := range r.Procedures {
 		a.engine.Send(a.resource, runProc{p})

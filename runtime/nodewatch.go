@@ -49,6 +49,9 @@ type nodeWatch struct {
 	// their next step; resultEpoch: the epoch of the latest result logged.
 	lives       liveLog
 	resultEpoch uint64
+	// probing: a liveness probe was sent to the liveness actor, which has
+	// not taken it in yet.
+	probing atomic.Bool
 
 	// lag: the node's writes NATS acknowledged (liveness, its members'
 	// registers and raises) against what the watch delivered; its limit
@@ -347,6 +350,23 @@ func (w *nodeWatch) broadcast(res failover.LivenessResult) {
 		w.resultEpoch = res.Epoch
 	}
 	w.wakeMembers(urgent)
+}
+
+// probeLiveness asks the node's liveness actor for a write now
+// (failover.LivenessProbe): once, however many members ask, until the
+// actor has taken it in.
+func (w *nodeWatch) probeLiveness() {
+	if !w.probing.CompareAndSwap(false, true) {
+		return
+	}
+	w.mu.Lock()
+	fn := w.liveness
+	w.mu.Unlock()
+	if fn == nil {
+		w.probing.Store(false)
+		return
+	}
+	fn(failover.LivenessProbe{})
 }
 
 // wakeMembers has members take in the liveness log now: every member

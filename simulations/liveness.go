@@ -209,19 +209,20 @@ func (w *world) stepLive(m *machine, urgent bool) {
 	urgent = urgent || w.cfg.BeatsAtOnce
 	for _, s := range w.pairs {
 		if n := s.nodes[m.idx]; n.alive && n.m != nil && (urgent || n.m.Prompt()) {
-			s.takeLive(n)
-			s.armTick(n)
+			s.step(n, nil)
 		}
 	}
 }
 
-// takeLive steps member n on what its machine's liveness log gained since
-// its last step, dated by when the machine saw it.
-func (s *sim) takeLive(n *node) {
+// takeLive returns what member n's machine's liveness log gained since
+// its last step, dated by when the machine saw it, in n.liveBuf: the step
+// hands them to the member with its input, in one StepAll.
+func (s *sim) takeLive(n *node) []failover.Input {
 	m := n.machine
+	ins := n.liveBuf[:0]
 	if len(m.lives) == 0 || n.liveSeen >= m.livesSeq {
 		n.liveSeen = m.livesSeq
-		return
+		return ins
 	}
 	first := m.lives[0].seq
 	i := 0
@@ -231,20 +232,18 @@ func (s *sim) takeLive(n *node) {
 		s.count(cLiveMissed)
 	}
 	n.liveSeen = m.livesSeq
-	now := n.clk.local(s.now)
 	for _, it := range m.lives[i:] {
 		at := n.clk.local(it.at)
-		var in failover.Input
 		switch v := it.in.(type) {
 		case failover.LivenessObserved:
 			v.At = at
-			in = v
+			ins = append(ins, v)
 		case failover.LivenessResult:
 			v.At = at
-			in = v
+			ins = append(ins, v)
 		default:
-			in = v
+			ins = append(ins, v)
 		}
-		s.handle(n, n.m.Step(now, in))
 	}
+	return ins
 }

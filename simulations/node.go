@@ -106,6 +106,7 @@ type node struct {
 	// liveSeen: the seq of the latest item of its machine's liveness log
 	// it took in (takeLive).
 	liveSeen uint64
+	liveBuf  []failover.Input // reused by step
 
 	pending     [16]pendingWrite
 	pendingNext int

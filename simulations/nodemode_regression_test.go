@@ -19,9 +19,10 @@ var nodeRegressions = []struct {
 	storeWriteTime time.Duration
 	hostWriteBound int
 	// before: the seed is run with the members' acquire window, the
-	// node's gate order and its members' intake of beats of its time
-	// (Config.AcquireOneHeartbeat, HostBeatsInOrder, BeatsAtOnce), which
-	// its finding needs; the fix it keeps does not depend on any.
+	// node's gate order, its members' intake of beats and its liveness
+	// writer of its time (Config.AcquireOneHeartbeat, HostBeatsInOrder,
+	// BeatsAtOnce, NoLivenessProbe), which its finding needs; the fix it
+	// keeps does not depend on any.
 	before bool
 }{
 	// N3: a suspended holder whose fenced register value landed but whose
@@ -81,7 +82,7 @@ func TestNodeModeRegressionSeeds(t *testing.T) {
 	for _, r := range nodeRegressions {
 		t.Run(r.name, func(t *testing.T) {
 			cfg := Config{Scenario: r.scenario, Seed: r.seed, Duration: r.duration, Leadership: LeadershipNode, Pairs: r.pairs,
-				StoreWriteTime: r.storeWriteTime, HostWriteBound: r.hostWriteBound, AcquireOneHeartbeat: r.before, HostBeatsInOrder: r.before, BeatsAtOnce: r.before}
+				StoreWriteTime: r.storeWriteTime, HostWriteBound: r.hostWriteBound, AcquireOneHeartbeat: r.before, HostBeatsInOrder: r.before, BeatsAtOnce: r.before, NoLivenessProbe: r.before}
 			if r.faults != "" {
 				fs, err := ParseFaults(r.faults, "site-a", "site-b")
 				if err != nil {

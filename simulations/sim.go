@@ -126,6 +126,12 @@ type Config struct {
 	// (liveness.go, logLive; not a flag: no runtime does it any more;
 	// kept for the seeds found with it).
 	BeatsAtOnce bool
+	// NoLivenessProbe: a node's liveness writer ignores its members'
+	// probes (failover.Ready.ProbeLiveness), as before they were made: a
+	// takeover waits for the survivor's next regular liveness write to
+	// show the holder's node stale by server time (not a flag; kept for
+	// the seeds and figures of its time).
+	NoLivenessProbe bool
 }
 
 // CPUModel is a node's CPU (cpu.go), the same on every node.
@@ -588,10 +594,19 @@ const (
 )
 
 // step feeds one input to a node's member and carries out what it asks.
+// step feeds member n in (nil: nothing) after what its machine's
+// liveness log gained since its last step, in one StepAll.
 func (s *sim) step(n *node, in failover.Input) {
-	s.takeLive(n)
-	r := n.m.Step(n.clk.local(s.now), in)
-	s.handle(n, r)
+	ins := s.takeLive(n)
+	if in != nil {
+		ins = append(ins, in)
+	}
+	if len(ins) > 0 {
+		r := n.m.StepAll(n.clk.local(s.now), ins...)
+		s.handle(n, r)
+	}
+	clear(ins)
+	n.liveBuf = ins[:0]
 	s.armTick(n)
 }
 
@@ -620,6 +635,9 @@ func (s *sim) handle(n *node, r failover.Ready) {
 	}
 	for i := range r.Writes {
 		s.sendWrite(n, &r.Writes[i])
+	}
+	if r.ProbeLiveness && n.live != nil && n.running && !n.paused && !s.cfg.NoLivenessProbe {
+		s.liveStep(n.machine, failover.LivenessProbe{})
 	}
 	for _, p := range r.Procedures {
 		if s.db != nil && s.dbProcedure(n, p) {

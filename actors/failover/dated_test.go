@@ -114,6 +114,13 @@ func TestDatedBeatTimesTheTakeover(t *testing.T) {
 		if raisedAt == 0 {
 			t.Fatalf("dated %v: node-a's epoch never raised", dated)
 		}
+		// Stale by its own clock before its node's beats showed it by the
+		// server's, it asked its node once for a liveness write (which this
+		// test does not make: its node beats every 100 ms anyway). Undated,
+		// it was stale by both at once and raised without asking.
+		if want := map[bool]int{true: 1, false: 0}[dated]; d.probes != want {
+			t.Errorf("dated %v: %d liveness probes asked, want %d", dated, d.probes, want)
+		}
 		fo := rules.FailoverTimeout
 		after := raisedAt - seen
 		switch {

@@ -174,11 +174,20 @@ type LivenessResult struct {
 	At time.Duration
 }
 
+// LivenessProbe asks a node's liveness writer for a write now rather than
+// at its next interval: a member of the node finds another node's holder
+// stale by its own clock and needs its own node's beat with a fresh
+// server time (Ready.ProbeLiveness). The writer writes once no write is
+// in flight, once for all the probes that came before it, at most once a
+// quarter interval; its cadence is unchanged.
+type LivenessProbe struct{}
+
+func (LivenessProbe) isInput()    {}
 func (LivenessObserved) isInput() {}
 func (LivenessResult) isInput()   {}
 
 // NodeInput is an input of NodeLiveness: Tick, Synced, LivenessObserved
-// (its own record), WriteResult (of its writes).
+// (its own record), WriteResult (of its writes), LivenessProbe.
 type NodeInput = Input
 
 // NodeReady is what one NodeLiveness step hands back: the liveness write
@@ -213,6 +222,10 @@ type NodeLiveness struct {
 	nextAt   time.Duration
 	opSeq    uint64
 	failures int
+	// probe: a member asked for a write now (LivenessProbe), not yet made;
+	// probes counts the writes made early for one.
+	probe  bool
+	probes uint64
 	// Latency of the latest answered write, and the highest over the
 	// last window of writes (see Latency).
 	latency    time.Duration
@@ -284,6 +297,9 @@ func (n *NodeLiveness) Step(now time.Duration, in NodeInput) NodeReady {
 		}
 	case WriteResult:
 		n.onResult(in)
+	case LivenessProbe:
+		// A write issued since (at this very time) answers it.
+		n.probe = n.probe || n.writes == 0 || n.now > n.issuedAt
 	}
 	n.tick()
 	return n.flush()
@@ -298,8 +314,16 @@ func (n *NodeLiveness) NextWake() time.Duration {
 	if n.nextAt > n.now && n.nextAt < next {
 		next = n.nextAt
 	}
+	if n.probe && n.inflight == nil {
+		if at := n.issuedAt + n.interval/4; at > n.now && at < next {
+			next = at
+		}
+	}
 	return next
 }
+
+// Probes is how many writes the writer made early, asked by a probe.
+func (n *NodeLiveness) Probes() uint64 { return n.probes }
 
 func (n *NodeLiveness) flush() NodeReady {
 	r := n.out
@@ -334,10 +358,18 @@ func (n *NodeLiveness) tick() {
 		n.answered(n.interval)
 		n.fail("timeout: no answer within heartbeat_timeout")
 	}
-	if !n.synced || n.inflight != nil || n.now < n.nextAt {
+	if !n.synced || n.inflight != nil {
 		return
 	}
-	n.write()
+	switch {
+	case n.now >= n.nextAt:
+		n.write()
+	case n.probe && (n.writes == 0 || n.now-n.issuedAt >= n.interval/4):
+		next := n.nextAt
+		n.write()
+		n.nextAt = next // a write more, not a new cadence
+		n.probes++
+	}
 }
 
 func (n *NodeLiveness) write() {
@@ -356,6 +388,7 @@ func (n *NodeLiveness) write() {
 	n.inflight = &pendingWrite{op: w.Op, kind: w.Kind, expect: expect, deadline: w.Deadline}
 	n.issuedAt = n.now
 	n.writes++
+	n.probe = false
 	next := n.nextAt + n.interval
 	if next <= n.now {
 		next = n.now + n.interval

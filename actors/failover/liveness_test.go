@@ -90,3 +90,56 @@ func TestNodeLivenessForgedLatestRecord(t *testing.T) {
 		t.Fatalf("first write after a forged latest value: %+v; want epoch 5 expecting revision 11", r.Writes)
 	}
 }
+
+// A probe makes the writer write as soon as no write is in flight, one
+// write for the probes before it, at most once a quarter interval, and
+// leaves its cadence as it was.
+func TestNodeLivenessProbe(t *testing.T) {
+	hb := time.Second
+	n := NewNodeLiveness("node-a", hb)
+	n.Start(0)
+	r := n.Step(0, Synced{})
+	w := r.Writes[0]
+	if r := n.Step(10*time.Millisecond, LivenessProbe{}); len(r.Writes) != 0 {
+		t.Fatalf("a probe while a write is in flight wrote: %+v", r.Writes)
+	}
+	n.Step(20*time.Millisecond, WriteResult{Op: w.Op, Err: WriteOK, Revision: 5})
+	if r := n.Step(30*time.Millisecond, Tick{}); len(r.Writes) != 0 {
+		t.Fatalf("a probe within a quarter interval of the last write wrote at once: %+v", r.Writes)
+	}
+	if got := n.NextWake(); got != hb/4 {
+		t.Errorf("next wake %v with a probe waiting; want %v (a quarter interval after the last write)", got, hb/4)
+	}
+	r = n.Step(hb/4, Tick{})
+	if len(r.Writes) != 1 || n.Probes() != 1 {
+		t.Fatalf("probed write at %v: %+v (probes %d)", hb/4, r.Writes, n.Probes())
+	}
+	p := r.Writes[0]
+	if p.ExpectRev != 5 || p.Live.Beat != w.Live.Beat+1 {
+		t.Errorf("probed write %+v: want a beat on revision 5", p.Live)
+	}
+	n.Step(hb/4+10*time.Millisecond, WriteResult{Op: p.Op, Err: WriteOK, Revision: 9})
+	for range 5 { // many members asking at once: one write
+		now := hb / 2
+		for _, x := range n.Step(now, LivenessProbe{}).Writes {
+			n.Step(now, WriteResult{Op: x.Op, Err: WriteOK, Revision: 10})
+		}
+	}
+	if n.Probes() != 2 {
+		t.Errorf("probes %d after five more asks past a quarter interval; want one write for them", n.Probes())
+	}
+	// The regular write comes at its time, a second after the first.
+	var regular []Write
+	for now := hb/2 + 10*time.Millisecond; now <= hb; now += 10 * time.Millisecond {
+		r := n.Step(now, Tick{})
+		for _, x := range r.Writes {
+			n.Step(now, WriteResult{Op: x.Op, Err: WriteOK, Revision: 20})
+			if now >= hb {
+				regular = append(regular, x)
+			}
+		}
+	}
+	if len(regular) != 1 || n.Probes() != 2 {
+		t.Errorf("at %v: %d regular writes, %d probes; want the cadence unchanged", hb, len(regular), n.Probes())
+	}
+}

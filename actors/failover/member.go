@@ -83,11 +83,17 @@ type Ready struct {
 	Events     []events.Event
 	Writes     []Write
 	Procedures []Procedure
+	// ProbeLiveness (node mode): the member finds the holder's node stale
+	// by its own clock and asks its node for a liveness write now
+	// (NodeLiveness's LivenessProbe), for a server time that shows it stale
+	// by the store's clock too, rather than at the node's next write, up to
+	// a heartbeat_timeout later. Once per holder beat.
+	ProbeLiveness bool
 }
 
 // Empty reports whether there is nothing to do.
 func (r Ready) Empty() bool {
-	return len(r.Events) == 0 && len(r.Writes) == 0 && len(r.Procedures) == 0
+	return len(r.Events) == 0 && len(r.Writes) == 0 && len(r.Procedures) == 0 && !r.ProbeLiveness
 }
 
 // Options change how a member checks its rules.
@@ -459,9 +465,27 @@ func (m *Member) Start(now time.Duration) Ready {
 
 // Step feeds one input that arrived at local monotonic time now.
 func (m *Member) Step(now time.Duration, in Input) Ready {
+	return m.StepAll(now, in)
+}
+
+// StepAll feeds inputs that had all arrived by local monotonic time now,
+// in order, then runs the member's timed checks once: a host that hands
+// several over at once (the runtime's liveness log, dated) must not have
+// a check judge an early one at now while a later one, which answers it,
+// waits behind it.
+func (m *Member) StepAll(now time.Duration, ins ...Input) Ready {
 	if now > m.now {
 		m.now = now
 	}
+	for _, in := range ins {
+		m.apply(in)
+	}
+	m.tick()
+	return m.flush()
+}
+
+// apply takes in one input (Step without the timed checks).
+func (m *Member) apply(in Input) {
 	m.seen = m.now
 	switch in := in.(type) {
 	case Tick:
@@ -500,8 +524,6 @@ func (m *Member) Step(now time.Duration, in Input) Ready {
 			m.demote(DemoteShutdown, m.rules.Other(m.site))
 		}
 	}
-	m.tick()
-	return m.flush()
 }
 
 // Prompt reports whether the member acts on its node's next routine
@@ -1012,6 +1034,13 @@ func (m *Member) maybeAcquire() {
 		// heartbeat_timeout. Once per leader write.
 		m.probedFor = m.beatRev
 		m.writeMemberBeat()
+	}
+	if m.opts.Node != "" && localStale > fo && m.probedFor != m.beatRev {
+		// The same in node mode: this member's heartbeat is its node's
+		// liveness write, which the node makes now when asked (one write
+		// for all its members). Once per holder beat.
+		m.probedFor = m.beatRev
+		m.out.ProbeLiveness = true
 	}
 	// A holder that keeps writing but stays fenced is as good as gone. Its
 	// latest write must say fenced: the CAS then expects a revision written

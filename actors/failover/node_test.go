@@ -260,9 +260,13 @@ type nodeDriver struct {
 	writes []Write
 	events []events.Event
 	fences int
+	probes int // Ready.ProbeLiveness asked
 }
 
 func (d *nodeDriver) feed(now time.Duration, rd Ready) {
+	if rd.ProbeLiveness {
+		d.probes++
+	}
 	d.writes = append(d.writes, rd.Writes...)
 	d.events = append(d.events, rd.Events...)
 	for _, p := range rd.Procedures {
