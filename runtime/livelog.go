@@ -69,14 +69,19 @@ func (l *liveLog) since(seq uint64, buf []liveItem) ([]liveItem, uint64, uint64)
 	return buf, latest, missed
 }
 
-// urgentLive reports whether a member must take in the liveness input at
-// once rather than at its next step: anything but a routine beat. prev is
-// the node's previous record handed over (ok: there was one).
-func urgentLive(in failover.Input, prev failover.LivenessEntry, ok bool) bool {
+// urgentLive reports whether every member of node self must take in the
+// liveness input at once rather than at its next step: anything of its
+// own node's but a routine beat. Another node's records wait for each
+// member's next step whatever they say: a member acts on another node's
+// raise or new epoch only once it finds that node's holder stale by its
+// own clock, and then it is woken for every record anyway
+// (failover.Member.Prompt). prev is the node's previous record handed
+// over (ok: there was one).
+func urgentLive(self string, in failover.Input, prev failover.LivenessEntry, ok bool) bool {
 	switch in := in.(type) {
 	case failover.LivenessObserved:
 		v := in.Entry.Value
-		return !ok || in.Entry.Forged || prev.Forged || !v.Own() || v.Epoch != prev.Value.Epoch
+		return in.Node == self && (!ok || in.Entry.Forged || prev.Forged || !v.Own() || v.Epoch != prev.Value.Epoch)
 	case failover.LivenessResult:
 		return in.Err != failover.WriteOK
 	}

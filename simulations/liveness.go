@@ -184,7 +184,7 @@ func (w *world) logLive(m *machine, in failover.Input) bool {
 		}
 		m.liveLast[in.Node] = in.Entry
 		v := in.Entry.Value
-		return !ok || in.Entry.Forged || prev.Forged || !v.Own() || v.Epoch != prev.Value.Epoch
+		return in.Node == m.name && (!ok || in.Entry.Forged || prev.Forged || !v.Own() || v.Epoch != prev.Value.Epoch)
 	case failover.LivenessResult:
 		return in.Err != failover.WriteOK || in.Epoch != m.liveEpoch(in)
 	}
