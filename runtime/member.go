@@ -490,22 +490,41 @@ func (a *memberActor) step(in failover.Input) {
 		defer func() { <-a.deps.steps }()
 	}
 	a.gauges.stepped()
-	now := a.now()
 	ins := a.takeLive()
+	now := a.now() // after the log was read: no item dated after it
 	if in != nil {
 		ins = append(ins, in)
 	}
 	if len(ins) > 0 {
-		a.handle(a.m.StepAll(now, ins...))
+		r := a.m.StepAll(now, ins...)
+		// Before handle, which may ask for a probe: its beat must find the
+		// member prompt. What was logged since the log was read, while
+		// the member was not, it takes in at once.
+		a.setPrompt()
+		a.handle(r)
+	} else {
+		a.setPrompt()
 	}
 	clear(ins)
 	a.liveBuf = ins[:0]
-	a.prompt.Store(a.m.Prompt())
 	a.schedule()
 	a.snapshot()
 	if a.handedOver != nil && !a.m.Holding() {
 		close(a.handedOver)
 		a.handedOver = nil
+	}
+}
+
+// setPrompt records whether the member acts on its node's next routine
+// liveness input (failover.Member.Prompt), and when it just became so,
+// has it take in at once what the log gained since it was read.
+func (a *memberActor) setPrompt() {
+	p := a.m.Prompt()
+	if a.prompt.Swap(p) == p || !p || a.deps.watch == nil {
+		return
+	}
+	if a.deps.watch.lives.latest.Load() != a.liveSeen {
+		a.engine.Send(a.pid, memberTakeLive{})
 	}
 }
 
@@ -526,6 +545,13 @@ func (a *memberActor) takeLive() []failover.Input {
 			"missed", missed, "missed_total", a.liveMissed, "kept", liveLogSize)
 	}
 	for i, it := range items {
+		if _, ok := it.in.(failover.Resynced); ok && !a.isWatched() {
+			// The bridge's: beats skipped while the watch lagged. A member
+			// whose initial keys the watch has not handed over yet is not
+			// synced by it.
+			items[i] = liveItem{}
+			continue
+		}
 		ins = append(ins, dated(it.in, it.at, a.base))
 		items[i] = liveItem{}
 	}
@@ -780,6 +806,14 @@ func (a *memberActor) deliver(d delivery) {
 	default:
 		a.engine.Send(a.pid, memberInput{d.in})
 	}
+}
+
+// isWatched reports whether the member was told its keys' initial values
+// were delivered (markSynced).
+func (a *memberActor) isWatched() bool {
+	a.feedMu.Lock()
+	defer a.feedMu.Unlock()
+	return a.watched
 }
 
 // markSynced tells the member its keys' initial values were delivered:

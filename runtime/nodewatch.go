@@ -327,6 +327,7 @@ func (w *nodeWatch) setLiveness(fn func(failover.Input)) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.liveness = fn
+	w.probing.Store(false) // a probe sent to the actor before is lost with it
 	if fn == nil {
 		return
 	}

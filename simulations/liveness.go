@@ -164,7 +164,7 @@ const liveLogKept = 4096
 type liveSeen struct {
 	seq uint64
 	in  failover.Input
-	at  time.Duration // virtual time the node saw it
+	at  time.Duration // the node's local time when it saw it (its members share its clock)
 }
 
 // logLive logs in (a liveness record or result) on m and reports whether
@@ -175,7 +175,7 @@ func (w *world) logLive(m *machine, in failover.Input) bool {
 		copy(m.lives, m.lives[len(m.lives)-liveLogKept/2:])
 		m.lives = m.lives[:liveLogKept/2]
 	}
-	m.lives = append(m.lives, liveSeen{seq: m.livesSeq, in: in, at: w.now})
+	m.lives = append(m.lives, liveSeen{seq: m.livesSeq, in: in, at: m.clk.local(w.now)})
 	switch in := in.(type) {
 	case failover.LivenessObserved:
 		prev, ok := m.liveLast[in.Node]
@@ -192,14 +192,15 @@ func (w *world) logLive(m *machine, in failover.Input) bool {
 }
 
 // liveEpoch returns the epoch of the result logged before the latest
-// (0: none), for logLive.
-func (m *machine) liveEpoch(latest failover.LivenessResult) uint64 {
+// since the process started (0: none, as the runtime's first), for
+// logLive.
+func (m *machine) liveEpoch(failover.LivenessResult) uint64 {
 	for i := len(m.lives) - 2; i >= 0; i-- {
 		if r, ok := m.lives[i].in.(failover.LivenessResult); ok {
 			return r.Epoch
 		}
 	}
-	return latest.Epoch
+	return 0
 }
 
 // stepLive has m's members take in its liveness log now: all of them (urgent), or only those that act on
@@ -233,7 +234,7 @@ func (s *sim) takeLive(n *node) []failover.Input {
 	}
 	n.liveSeen = m.livesSeq
 	for _, it := range m.lives[i:] {
-		at := n.clk.local(it.at)
+		at := it.at
 		switch v := it.in.(type) {
 		case failover.LivenessObserved:
 			v.At = at

@@ -51,6 +51,8 @@ type machine struct {
 	lives    []liveSeen
 	livesSeq uint64
 	liveLast map[string]failover.LivenessEntry
+	// probeQueued: a member's liveness probe waits in the queue (evLiveProbe).
+	probeQueued bool
 
 	// HostWriteBound: its members' KV writes and appends in flight.
 	gates [2]gate

@@ -29,6 +29,7 @@ const (
 	evBatchDeadline                   // HostBatch: the earliest deadline of a batch part's writes, which fails it if unanswered (node, ref = batch, gen = its send)
 	evConnCheck                       // HostConnWatch: a machine judges its connection (node; gen 1: a reconnection attempt only)
 	evStarted                         // Config.CPU.StartCost: a step's process has started (node, ref = the mStep, gen = the machine's incarnation)
+	evLiveProbe                       // node leadership: a member asked its machine's liveness writer for a write now (node)
 )
 
 // item is one entry of the event queue: ordered by (at, seq). It holds no

@@ -636,8 +636,10 @@ func (s *sim) handle(n *node, r failover.Ready) {
 	for i := range r.Writes {
 		s.sendWrite(n, &r.Writes[i])
 	}
-	if r.ProbeLiveness && n.live != nil && n.running && !n.paused && !s.cfg.NoLivenessProbe {
-		s.liveStep(n.machine, failover.LivenessProbe{})
+	if r.ProbeLiveness && n.live != nil && !n.probeQueued && !s.cfg.NoLivenessProbe {
+		// After this step, as the runtime's liveness actor takes it in.
+		n.probeQueued = true
+		s.push(item{at: s.now, kind: evLiveProbe, node: int8(n.idx)})
 	}
 	for _, p := range r.Procedures {
 		if s.db != nil && s.dbProcedure(n, p) {

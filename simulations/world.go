@@ -171,6 +171,13 @@ func (w *world) dispatch(it item) int32 {
 		}
 		s.step(n, failover.Tick{})
 		return s.pi
+	case evLiveProbe:
+		m := w.machines[it.node]
+		m.probeQueued = false
+		if m.running && !m.paused && m.live != nil {
+			w.liveStep(m, failover.LivenessProbe{})
+		}
+		return all
 	case evLiveTick:
 		m := w.machines[it.node]
 		if it.gen != m.liveGen || !m.running || m.live == nil {

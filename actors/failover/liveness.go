@@ -226,6 +226,7 @@ type NodeLiveness struct {
 	// probes counts the writes made early for one.
 	probe  bool
 	probes uint64
+	probed bool // the latest write was a probe's
 	// Latency of the latest answered write, and the highest over the
 	// last window of writes (see Latency).
 	latency    time.Duration
@@ -369,6 +370,7 @@ func (n *NodeLiveness) tick() {
 		n.write()
 		n.nextAt = next // a write more, not a new cadence
 		n.probes++
+		n.probed = true
 	}
 }
 
@@ -388,7 +390,7 @@ func (n *NodeLiveness) write() {
 	n.inflight = &pendingWrite{op: w.Op, kind: w.Kind, expect: expect, deadline: w.Deadline}
 	n.issuedAt = n.now
 	n.writes++
-	n.probe = false
+	n.probe, n.probed = false, false
 	next := n.nextAt + n.interval
 	if next <= n.now {
 		next = n.now + n.interval
@@ -404,6 +406,12 @@ func (n *NodeLiveness) answered(d time.Duration) {
 }
 
 func (n *NodeLiveness) fail(cause string) {
+	if n.probed {
+		// A probe's write is one more than the cadence: its failure is
+		// not one of the node's heartbeats missed, or holders would count
+		// up to four a heartbeat_timeout while the store fails fast.
+		return
+	}
 	n.failures++
 	n.out.Results = append(n.out.Results, LivenessResult{Err: WriteUnavailable, Epoch: n.epoch, Cause: cause})
 }

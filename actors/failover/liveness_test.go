@@ -143,3 +143,28 @@ func TestNodeLivenessProbe(t *testing.T) {
 		t.Errorf("at %v: %d regular writes, %d probes; want the cadence unchanged", hb, len(regular), n.Probes())
 	}
 }
+
+// A probe's write that fails is not a heartbeat missed: no failure
+// result for the members; the regular write's failure is.
+func TestNodeLivenessFailedProbeIsNoMissedBeat(t *testing.T) {
+	hb := time.Second
+	n := NewNodeLiveness("node-a", hb)
+	n.Start(0)
+	w := n.Step(0, Synced{}).Writes[0]
+	n.Step(10*time.Millisecond, WriteResult{Op: w.Op, Err: WriteOK, Revision: 5})
+	p := n.Step(hb/2, LivenessProbe{}).Writes
+	if len(p) != 1 {
+		t.Fatalf("probe: %+v", p)
+	}
+	if r := n.Step(hb/2+10*time.Millisecond, WriteResult{Op: p[0].Op, Err: WriteUnavailable, Cause: "no responders"}); len(r.Results) != 0 {
+		t.Errorf("a failed probe's write told the members %+v; want nothing", r.Results)
+	}
+	r := n.Step(hb, Tick{})
+	if len(r.Writes) != 1 {
+		t.Fatalf("regular write at %v: %+v", hb, r.Writes)
+	}
+	r = n.Step(hb+10*time.Millisecond, WriteResult{Op: r.Writes[0].Op, Err: WriteUnavailable, Cause: "no responders"})
+	if len(r.Results) != 1 || r.Results[0].Err != WriteUnavailable {
+		t.Errorf("a failed regular write told the members %+v; want one failure", r.Results)
+	}
+}

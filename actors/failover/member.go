@@ -541,9 +541,10 @@ func (m *Member) Prompt() bool {
 	case PhaseLeader:
 		return false
 	case PhaseFollower:
+		// Whatever the register says (a holder, vacant, corrupt), the
+		// staleness rule waits on this member's own clock first.
 		fo := m.rules.FailoverTimeout
-		return m.leaderKnown && m.leader.Value.Site != "" &&
-			(m.now-m.leaderSeenAt > fo || (m.leader.Value.Fenced && !m.fencedSince.IsZero() && m.now-m.fencedSeenAt > fo))
+		return m.now-m.leaderSeenAt > fo || (m.leader.Value.Fenced && !m.fencedSince.IsZero() && m.now-m.fencedSeenAt > fo)
 	}
 	return true
 }
