@@ -87,6 +87,20 @@ func hostNode(t *testing.T, fn *failoverNATS, name, site string, pairs []failove
 	return nh
 }
 
+// slowerPairs gives pairs a heartbeat_timeout of 600ms (failover 3s),
+// three times fastRules': for tests whose timing a loaded -race run would
+// otherwise break.
+func slowerPairs(t *testing.T, pairs []failover.Rules) []failover.Rules {
+	t.Helper()
+	for i := range pairs {
+		pairs[i].HeartbeatTimeout, pairs[i].FailoverTimeout = 600*time.Millisecond, 3*time.Second
+		if err := pairs[i].Validate(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return pairs
+}
+
 // waitPair returns the n-th transition of pair's member site with the
 // event type, failing the test after timeout.
 func (tr *transitions) waitPair(t *testing.T, pair, site, eventType string, n int, timeout time.Duration) Transition {
@@ -445,13 +459,7 @@ func (k *slowLivenessKV) Update(ctx context.Context, key string, value []byte, r
 func TestSlowStoreIsDegradedNotFailed(t *testing.T) {
 	t.Parallel()
 	fn := startFailoverNATS(t)
-	pairs := nodePairs(t, "node-slow", 2)
-	for i := range pairs {
-		pairs[i].HeartbeatTimeout, pairs[i].FailoverTimeout = 600*time.Millisecond, 3*time.Second
-		if err := pairs[i].Validate(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	pairs := slowerPairs(t, nodePairs(t, "node-slow", 2))
 	tr := newTransitions()
 	log, rec := newLogRecorder(t)
 	slow := &slowLivenessKV{}
@@ -801,15 +809,9 @@ func TestMemberHistoryReadHoldsUpNoOtherMember(t *testing.T) {
 func TestIdleMembersRunAboutOncePerHeartbeat(t *testing.T) {
 	t.Parallel()
 	fn := startFailoverNATS(t)
-	pairs := nodePairs(t, "node-idle", 40)
-	for i := range pairs {
-		// Slower than the fast rules: the count is per heartbeat, and a
-		// loaded -race run must not fence the holders meanwhile.
-		pairs[i].HeartbeatTimeout, pairs[i].FailoverTimeout = 600*time.Millisecond, 3*time.Second
-		if err := pairs[i].Validate(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// The count is per heartbeat, and a loaded -race run must not fence
+	// the holders meanwhile.
+	pairs := slowerPairs(t, nodePairs(t, "node-idle", 40))
 	tr := newTransitions()
 	ma, mb := NewMemberMetrics(promRegistry()), NewMemberMetrics(promRegistry())
 	a := hostNode(t, fn, "node-a", "site-a", pairs, tr, nil, func(o *HostOptions) { o.Metrics = ma })
