@@ -22,10 +22,10 @@ const liveLogSize = 4096
 // Members take them in at their next step (memberActor.takeLive), dated
 // (failover.LivenessObserved.At, failover.LivenessResult.At), instead of
 // one step per member per record: at thousands of members per node, the
-// routine beats alone were most of an idle node's CPU. An input a member
-// must act on at once (a raised epoch, a failed liveness write, a value
-// not genuine: see urgentLive) is still logged, and every member is woken
-// to take in the log. Safe for concurrent use; the zero value is ready.
+// routine beats alone were most of an idle node's CPU. An input every
+// member must act on at once (failover.LivenessUrgent: about the node's
+// own record or writes) is logged too, and every member is woken to take
+// in the log. Safe for concurrent use; the zero value is ready.
 type liveLog struct {
 	latest atomic.Uint64 // seq of the latest item (0: none yet)
 	mu     sync.Mutex
@@ -38,14 +38,13 @@ type liveItem struct {
 	at  time.Time
 }
 
-// add logs in, seen at, and returns its seq.
-func (l *liveLog) add(in failover.Input, at time.Time) uint64 {
+// add logs in, seen at.
+func (l *liveLog) add(in failover.Input, at time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	seq := l.latest.Load() + 1
 	l.ring[seq%liveLogSize] = liveItem{seq: seq, in: in, at: at}
 	l.latest.Store(seq)
-	return seq
 }
 
 // since appends to buf the items after seq still kept, in order, and
@@ -67,25 +66,6 @@ func (l *liveLog) since(seq uint64, buf []liveItem) ([]liveItem, uint64, uint64)
 		buf = append(buf, l.ring[s%liveLogSize])
 	}
 	return buf, latest, missed
-}
-
-// urgentLive reports whether every member of node self must take in the
-// liveness input at once rather than at its next step: anything of its
-// own node's but a routine beat. Another node's records wait for each
-// member's next step whatever they say: a member acts on another node's
-// raise or new epoch only once it finds that node's holder stale by its
-// own clock, and then it is woken for every record anyway
-// (failover.Member.Prompt). prev is the node's previous record handed
-// over (ok: there was one).
-func urgentLive(self string, in failover.Input, prev failover.LivenessEntry, ok bool) bool {
-	switch in := in.(type) {
-	case failover.LivenessObserved:
-		v := in.Entry.Value
-		return in.Node == self && (!ok || in.Entry.Forged || prev.Forged || !v.Own() || v.Epoch != prev.Value.Epoch)
-	case failover.LivenessResult:
-		return in.Err != failover.WriteOK
-	}
-	return false
 }
 
 // dated is in with the time the node saw it on the member's clock (base:

@@ -34,33 +34,3 @@ func TestLiveLogSince(t *testing.T) {
 		t.Errorf("fallen behind: %d items from %d, latest %d, missed %d", len(got), got[0].seq, latest, missed)
 	}
 }
-
-// Routine beats, and anything of another node's, wait for the member's
-// next step; anything else of its own node's wakes every member.
-func TestUrgentLive(t *testing.T) {
-	beat := func(epoch, n uint64, by string) failover.LivenessObserved {
-		return failover.LivenessObserved{Node: "node-a", Entry: failover.LivenessEntry{Rev: n, Value: failover.Liveness{Node: "node-a", Epoch: epoch, Beat: n, By: by}}}
-	}
-	prev := beat(3, 7, "node-a").Entry
-	for _, c := range []struct {
-		name   string
-		in     failover.Input
-		prev   failover.LivenessEntry
-		known  bool
-		urgent bool
-	}{
-		{"a beat in the same epoch", beat(3, 8, "node-a"), prev, true, false},
-		{"another node's raise", failover.LivenessObserved{Node: "node-b", Entry: failover.LivenessEntry{Rev: 9, Value: failover.Liveness{Node: "node-b", Epoch: 4, By: "node-c"}}}, prev, true, false},
-		{"the node's first record", beat(3, 8, "node-a"), failover.LivenessEntry{}, false, true},
-		{"a new epoch", beat(4, 8, "node-a"), prev, true, true},
-		{"a raise by another node", beat(4, 8, "node-b"), prev, true, true},
-		{"a value not genuine", func() failover.LivenessObserved { b := beat(3, 8, "node-a"); b.Entry.Forged = true; return b }(), prev, true, true},
-		{"a write that landed", failover.LivenessResult{Err: failover.WriteOK, Epoch: 3}, failover.LivenessEntry{}, true, false},
-		{"a write that failed", failover.LivenessResult{Err: failover.WriteUnavailable, Epoch: 3}, failover.LivenessEntry{}, true, true},
-		{"a write that met a raise", failover.LivenessResult{Err: failover.WriteConflict, Epoch: 4}, failover.LivenessEntry{}, true, true},
-	} {
-		if got := urgentLive("node-a", c.in, c.prev, c.known); got != c.urgent {
-			t.Errorf("%s: urgent %v, want %v", c.name, got, c.urgent)
-		}
-	}
-}

@@ -236,7 +236,7 @@ func (w *nodeWatch) routeLive(node string, e events.Entry) {
 	w.live[node] = le
 	in := failover.LivenessObserved{Node: node, Entry: le}
 	w.lives.add(in, time.Now())
-	w.wakeMembers(urgentLive(w.node, in, prev, known))
+	w.wakeMembers(failover.LivenessUrgent(w.node, in, prev, known, 0))
 	if node == w.node && w.liveness != nil {
 		w.toLiveness(le)
 	}
@@ -346,7 +346,7 @@ func (w *nodeWatch) broadcast(res failover.LivenessResult) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.lives.add(res, time.Now())
-	urgent := urgentLive(w.node, res, failover.LivenessEntry{}, true) || (res.Epoch != 0 && res.Epoch != w.resultEpoch)
+	urgent := failover.LivenessUrgent(w.node, res, failover.LivenessEntry{}, false, w.resultEpoch)
 	if res.Epoch != 0 {
 		w.resultEpoch = res.Epoch
 	}

@@ -183,24 +183,15 @@ func (w *world) logLive(m *machine, in failover.Input) bool {
 			m.liveLast = map[string]failover.LivenessEntry{}
 		}
 		m.liveLast[in.Node] = in.Entry
-		v := in.Entry.Value
-		return in.Node == m.name && (!ok || in.Entry.Forged || prev.Forged || !v.Own() || v.Epoch != prev.Value.Epoch)
+		return failover.LivenessUrgent(m.name, in, prev, ok, 0)
 	case failover.LivenessResult:
-		return in.Err != failover.WriteOK || in.Epoch != m.liveEpoch(in)
+		urgent := failover.LivenessUrgent(m.name, in, failover.LivenessEntry{}, false, m.resultEpoch)
+		if in.Epoch != 0 {
+			m.resultEpoch = in.Epoch
+		}
+		return urgent
 	}
 	return true
-}
-
-// liveEpoch returns the epoch of the result logged before the latest
-// since the process started (0: none, as the runtime's first), for
-// logLive.
-func (m *machine) liveEpoch(failover.LivenessResult) uint64 {
-	for i := len(m.lives) - 2; i >= 0; i-- {
-		if r, ok := m.lives[i].in.(failover.LivenessResult); ok {
-			return r.Epoch
-		}
-	}
-	return 0
 }
 
 // stepLive has m's members take in its liveness log now: all of them (urgent), or only those that act on

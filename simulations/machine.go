@@ -51,7 +51,10 @@ type machine struct {
 	lives    []liveSeen
 	livesSeq uint64
 	liveLast map[string]failover.LivenessEntry
-	// probeQueued: a member's liveness probe waits in the queue (evLiveProbe).
+	// resultEpoch: the epoch of its liveness writer's latest result logged
+	// (0: none since it started); probeQueued: a member's liveness probe
+	// waits in the queue (evLiveProbe).
+	resultEpoch uint64
 	probeQueued bool
 
 	// HostWriteBound: its members' KV writes and appends in flight.
@@ -217,8 +220,8 @@ func (w *world) start(m *machine) {
 	m.powered, m.running, m.paused = true, true, false
 	m.inc++
 	m.nonce = "i" + strconv.FormatUint(uint64(m.inc), 10)
-	w.cpuRestart(m)                        // before its members start their chains
-	m.lives, m.liveLast = m.lives[:0], nil // a new process: a new log (members start at its end)
+	w.cpuRestart(m)                                          // before its members start their chains
+	m.lives, m.liveLast, m.resultEpoch = m.lives[:0], nil, 0 // a new process: a new log (members start at its end)
 	for _, s := range w.pairs {
 		s.startMember(s.nodes[m.idx])
 	}

@@ -174,6 +174,29 @@ type LivenessResult struct {
 	At time.Duration
 }
 
+// LivenessUrgent reports whether every member of node self must take in a
+// liveness input at once, rather than at its next step (a host that hands
+// routine beats over late, dated: LivenessObserved.At). Urgent is
+// anything about self's own record but a routine beat — a new epoch, a
+// raise by another node, a value not genuine, its first record — and a
+// result of self's liveness writes that failed or landed in a new epoch:
+// a holder must fence on them. Another node's records are never urgent:
+// a member acts on them only once it finds that node's holder stale by
+// its own clock, and then its host hands it every input at once
+// (Member.Prompt). prev is the record of the input's node handed over
+// before (known: there was one); prevEpoch the epoch of self's previous
+// liveness result (0: none yet).
+func LivenessUrgent(self string, in Input, prev LivenessEntry, known bool, prevEpoch uint64) bool {
+	switch in := in.(type) {
+	case LivenessObserved:
+		v := in.Entry.Value
+		return in.Node == self && (!known || in.Entry.Forged || prev.Forged || !v.Own() || v.Epoch != prev.Value.Epoch)
+	case LivenessResult:
+		return in.Err != WriteOK || (in.Epoch != 0 && in.Epoch != prevEpoch)
+	}
+	return false
+}
+
 // LivenessProbe asks a node's liveness writer for a write now rather than
 // at its next interval: a member of the node finds another node's holder
 // stale by its own clock and needs its own node's beat with a fresh
@@ -365,7 +388,7 @@ func (n *NodeLiveness) tick() {
 	switch {
 	case n.now >= n.nextAt:
 		n.write()
-	case n.probe && (n.writes == 0 || n.now-n.issuedAt >= n.interval/4):
+	case n.probe && n.now-n.issuedAt >= n.interval/4: // (before the first write, nextAt is 0)
 		next := n.nextAt
 		n.write()
 		n.nextAt = next // a write more, not a new cadence

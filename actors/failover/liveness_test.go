@@ -168,3 +168,38 @@ func TestNodeLivenessFailedProbeIsNoMissedBeat(t *testing.T) {
 		t.Errorf("a failed regular write told the members %+v; want one failure", r.Results)
 	}
 }
+
+// Routine beats, and anything of another node's, wait for the member's
+// next step; anything else of its own node's wakes every member.
+func TestLivenessUrgent(t *testing.T) {
+	beat := func(epoch, n uint64, by string) LivenessObserved {
+		return LivenessObserved{Node: "node-a", Entry: LivenessEntry{Rev: n, Value: Liveness{Node: "node-a", Epoch: epoch, Beat: n, By: by}}}
+	}
+	forged := beat(3, 8, "node-a")
+	forged.Entry.Forged = true
+	prev := beat(3, 7, "node-a").Entry
+	for _, c := range []struct {
+		name      string
+		in        Input
+		prev      LivenessEntry
+		known     bool
+		prevEpoch uint64
+		urgent    bool
+	}{
+		{"a beat in the same epoch", beat(3, 8, "node-a"), prev, true, 0, false},
+		{"another node's raise", LivenessObserved{Node: "node-b", Entry: LivenessEntry{Rev: 9, Value: Liveness{Node: "node-b", Epoch: 4, By: "node-c"}}}, prev, true, 0, false},
+		{"the node's first record", beat(3, 8, "node-a"), LivenessEntry{}, false, 0, true},
+		{"a new epoch", beat(4, 8, "node-a"), prev, true, 0, true},
+		{"a raise by another node", beat(4, 8, "node-b"), prev, true, 0, true},
+		{"a value not genuine", forged, prev, true, 0, true},
+		{"a write that landed", LivenessResult{Err: WriteOK, Epoch: 3}, LivenessEntry{}, false, 3, false},
+		{"the first write that landed", LivenessResult{Err: WriteOK, Epoch: 3}, LivenessEntry{}, false, 0, true},
+		{"a write that landed in a new epoch", LivenessResult{Err: WriteOK, Epoch: 4}, LivenessEntry{}, false, 3, true},
+		{"a write that failed", LivenessResult{Err: WriteUnavailable, Epoch: 3}, LivenessEntry{}, false, 3, true},
+		{"a write that met a raise", LivenessResult{Err: WriteConflict, Epoch: 4}, LivenessEntry{}, false, 3, true},
+	} {
+		if got := LivenessUrgent("node-a", c.in, c.prev, c.known, c.prevEpoch); got != c.urgent {
+			t.Errorf("%s: urgent %v, want %v", c.name, got, c.urgent)
+		}
+	}
+}
