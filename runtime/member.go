@@ -495,16 +495,15 @@ func (a *memberActor) step(in failover.Input) {
 	if in != nil {
 		ins = append(ins, in)
 	}
+	var r failover.Ready
 	if len(ins) > 0 {
-		r := a.m.StepAll(now, ins...)
-		// Before handle, which may ask for a probe: its beat must find the
-		// member prompt. What was logged since the log was read, while
-		// the member was not, it takes in at once.
-		a.setPrompt()
-		a.handle(r)
-	} else {
-		a.setPrompt()
+		r = a.m.StepAll(now, ins...)
 	}
+	// Before handle, which may ask for a probe: its beat must find the
+	// member prompt. What was logged since the log was read, while the
+	// member was not, it takes in at once.
+	a.setPrompt()
+	a.handle(r) // also with nothing to do: the gauges follow every step
 	clear(ins)
 	a.liveBuf = ins[:0]
 	a.schedule()
