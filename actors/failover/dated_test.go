@@ -134,3 +134,38 @@ func TestDatedBeatTimesTheTakeover(t *testing.T) {
 		t.Logf("dated %v: raised %v after the node saw node-a's last beat", dated, after)
 	}
 }
+
+// Inputs handed over together are judged together: a holder that takes in
+// an older record and then the liveness result that answers the silence
+// check does not count the silence in between (found by the runtime's
+// TestSlowStoreIsDegradedNotFailed, when the runtime stepped its log's
+// items one Step each). One Step each, as the control, counts it.
+func TestStepAllJudgesTheInputsTogether(t *testing.T) {
+	for _, together := range []bool{true, false} {
+		d, now := bootstrapLeader(t)
+		hb := d.m.Rules().HeartbeatTimeout
+		seen := now + 2*hb - 100*time.Millisecond // the answer, in time
+		late := now + 2*hb + 200*time.Millisecond // handed over past the silence bound
+		record := LivenessObserved{Node: "node-b", At: seen - 50*time.Millisecond,
+			Entry: LivenessEntry{Rev: 7, Value: Liveness{Node: "node-b", Epoch: 1, Beat: 3, By: "node-b"}}}
+		res := LivenessResult{Err: WriteOK, Epoch: 1, Revision: 8, At: seen}
+		if together {
+			d.feed(late, d.m.StepAll(late, record, res))
+		} else {
+			d.feed(late, d.m.Step(late, record))
+			d.feed(late, d.m.Step(late, res))
+		}
+		failed := 0
+		for _, ev := range d.events {
+			if _, ok := ev.(*HeartbeatFailed); ok {
+				failed++
+			}
+		}
+		switch {
+		case together && failed != 0:
+			t.Errorf("together: %d failed heartbeats counted; the result that answers the silence came with the record", failed)
+		case !together && failed == 0:
+			t.Errorf("one Step each: no failed heartbeat; the control no longer shows the silence judged between them")
+		}
+	}
+}
