@@ -36,8 +36,12 @@
 #           running `true`, a process started per promotion; none: no
 #           promote step, so a takeover costs the survivor no process
 # PPROF     1: the member nodes serve Go's profiler (address in each node's log)
-# KILL_PROFILE  with PPROF=1 and KILL=1: site-b's CPU profile of the 30 s
-#           from the kill is written to KILL_PROFILE.<mode>.<pairs>
+# KILL_PROFILE  with PPROF=1 and KILL=1: site-b's CPU profile after the
+#           kill is written to KILL_PROFILE.<mode>.<pairs> (the store's to
+#           that name with .store appended)
+# KILL_PROFILE_FROM, KILL_PROFILE_FOR  the profiles' window: from this long
+#           after the kill (default 0s), this long (default 30s); whole
+#           seconds, e.g. 4s and 5s for a takeover of 10,000 pairs
 # KILL_TRACE    with PPROF=1 and KILL=1: site-b's execution trace from
 #           3.5 s to 8.5 s after the kill (the takeover) is written to
 #           KILL_TRACE.<mode>.<pairs> (go tool trace)
@@ -133,6 +137,8 @@ for mode in "${modes[@]}"; do
     out=$tmp/run.out
     run_args=()
     [ -n "${KILL_PROFILE:-}" ] && run_args+=(-kill-profile "$KILL_PROFILE.${mode:-unset}.$n")
+    [ -n "${KILL_PROFILE_FROM:-}" ] && run_args+=(-kill-profile-from "$KILL_PROFILE_FROM")
+    [ -n "${KILL_PROFILE_FOR:-}" ] && run_args+=(-kill-profile-for "$KILL_PROFILE_FOR")
     [ -n "${KILL_TRACE:-}" ] && run_args+=(-kill-trace "$KILL_TRACE.${mode:-unset}.$n")
     "$tmp/bin/bench-pairs" "${args[@]}" "${run_args[@]}" -duration "$duration" -pairs "$n" -mode "$mode" >"$out" &
     harness_pid=$!

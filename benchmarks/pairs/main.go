@@ -50,8 +50,10 @@ type options struct {
 	progress    bool
 	pprof       bool
 	killProfile string
-	killTrace   string
-	promote     string
+	// The kill profiles' window: from this long after the kill, this long.
+	killProfileFrom, killProfileFor time.Duration
+	killTrace                       string
+	promote                         string
 }
 
 func main() {
@@ -73,7 +75,9 @@ func main() {
 	flag.BoolVar(&o.progress, "progress", false, "show progress on stderr")
 	flag.StringVar(&o.promote, "promote", promoteExec, "each member's promote procedure: exec (one step running `true`: a process started per promotion) or none (no step: the takeover costs the node no process)")
 	flag.BoolVar(&o.pprof, "pprof", false, "member nodes serve Go's profiler on a free loopback port (see each node's log for the address); needs a binary that knows the pprof key")
-	flag.StringVar(&o.killProfile, "kill-profile", "", "with -pprof and -kill: write site-b's CPU profile of the 30 s from the kill to this file")
+	flag.StringVar(&o.killProfile, "kill-profile", "", "with -pprof and -kill: write site-b's CPU profile after the kill (see -kill-profile-from and -kill-profile-for) to this file, and the store's to this file with .store appended")
+	flag.DurationVar(&o.killProfileFrom, "kill-profile-from", 0, "with -kill-profile: start the profiles this long after the kill (whole seconds)")
+	flag.DurationVar(&o.killProfileFor, "kill-profile-for", 30*time.Second, "with -kill-profile: profile this long (whole seconds, at least 1s)")
 	flag.StringVar(&o.killTrace, "kill-trace", "", "with -pprof and -kill: write site-b's execution trace (go tool trace) of the takeover, from 3.5 s to 8.5 s after the kill, to this file")
 	flag.Parse()
 	switch {
@@ -89,6 +93,10 @@ func main() {
 		fatal(fmt.Errorf("-promote %q: %s or %s", o.promote, promoteExec, promoteNone))
 	case o.kill && o.topology != topoStore:
 		fatal(errors.New("-kill needs -topology store: with embedded, killing site-a kills the store"))
+	case o.killProfileFrom < 0 || o.killProfileFrom%time.Second != 0:
+		fatal(fmt.Errorf("-kill-profile-from %v: whole seconds, not negative", o.killProfileFrom))
+	case o.killProfileFor < time.Second || o.killProfileFor%time.Second != 0:
+		fatal(fmt.Errorf("-kill-profile-for %v: whole seconds, at least 1s", o.killProfileFor))
 	}
 	if o.serveWithin == 0 {
 		o.serveWithin = time.Minute + time.Duration(o.pairs)*60*time.Millisecond
@@ -555,7 +563,12 @@ func killPhase(ctx context.Context, o options, c *cluster, src *registerSource, 
 				file += "." + p.name
 			}
 			profiled.Go(func() {
-				if err := profileCPU(ctx, p.pprofAddr.Load().(string), 30*time.Second, file); err != nil {
+				select {
+				case <-time.After(o.killProfileFrom):
+				case <-ctx.Done():
+					return
+				}
+				if err := profileCPU(ctx, p.pprofAddr.Load().(string), o.killProfileFor, file); err != nil {
 					o.progressf(true, "%s's CPU profile after the kill: %v", p.name, err)
 				}
 			})
