@@ -262,6 +262,10 @@ type siteRun struct {
 	stopping *tenure // stopped serving; its fence or demotion has not completed
 	tenures  []*tenure
 	then     failover.AfterFence
+	// promoted is the seq of the promote chain whose successful step last
+	// began an interval: its serving_started, landing later, is that same
+	// serving, not another.
+	promoted uint64
 }
 
 type tenure struct {
@@ -589,9 +593,11 @@ func (s *siteRun) apply(e eventRec) {
 			}
 			term := s.c.termAt(s.name, t, s.term)
 			s.startServing(t, term, "promote_step", ref(e))
+			s.promoted = ev.Seq
 			s.set("serving", t, term, "")
 		}
 	case *failover.Started:
+		s.promoted = 0
 		if s.open != nil {
 			s.open.restartAt, s.open.End = t, "restart"
 			s.stopping, s.open = s.open, nil
@@ -636,6 +642,11 @@ func (s *siteRun) apply(e eventRec) {
 	case *failover.Unfenced:
 		s.set("promoting", t, ev.Term, "unfenced")
 	case *failover.ServingStarted:
+		if s.open == nil && ev.Seq != 0 && ev.Seq == s.promoted {
+			// Its promote step began the serving, and a fence or demote
+			// chain has ended it since: this event landed late.
+			break
+		}
 		s.startServing(t, ev.Term, "serving_started", ref(e))
 		s.set("serving", t, ev.Term, "")
 	case *failover.PromoteFailed:
@@ -687,6 +698,9 @@ func (c *computation) finishTenure(s *siteRun, t *tenure) {
 	if i > 0 {
 		last = time.Unix(0, ws[i-1]).UTC()
 	}
+	// Node leadership: the lease goes on with every beat of the holder's
+	// node in the epoch its register named, with no write of the register.
+	lease := c.lastLease(s.name, t.Term, t.From, limit)
 	// The record was read up to the later of its last record and the
 	// window's end: silence until then is silence.
 	recordEnd := maxTime(time.Unix(0, c.f.lastT).UTC(), c.w1)
@@ -694,6 +708,12 @@ func (c *computation) finishTenure(s *siteRun, t *tenure) {
 	known := false
 	if !last.IsZero() {
 		t.LastRegisterWrite = ptr(last)
+	}
+	if lease.After(last) {
+		t.LastLiveness = ptr(lease)
+		last = lease
+	}
+	if !last.IsZero() {
 		bound, known = c.stopBound(last)
 	}
 	lastSeen := last
@@ -752,6 +772,9 @@ func (c *computation) finishTenure(s *siteRun, t *tenure) {
 		}
 		t.UpUntil = ptr(u)
 		t.UpBasis = "bound: last unfenced register write + (failure_threshold+1) × heartbeat_timeout + fence_grace"
+		if t.LastLiveness != nil {
+			t.UpBasis = "bound: its node's last liveness write in the register's epoch + (failure_threshold+1) × heartbeat_timeout + fence_grace"
+		}
 		if !t.upEnd.IsZero() {
 			t.UpBasis += fmt.Sprintf("; completion recorded late, at %s", t.upEnd.Format(timeFormat))
 		}
@@ -773,7 +796,32 @@ func (c *computation) finishTenure(s *siteRun, t *tenure) {
 			t.UpBasis += "; by the release register write"
 		}
 	}
-	if t.To != nil && t.UpUntil != nil && t.UpUntil.Before(*t.To) {
+	// A fenced register write of the term issued after it served
+	// (fencedWrite) shows its fence had completed: only a suspended
+	// member writes one. Its fenced event may land minutes later behind a
+	// slow append queue, and a failed fence attempt before leaves the
+	// rules' bound unproven.
+	fencedBy := false
+	{
+		if fw := c.fencedWrite(s.name, t.Term, t.rawEnd); !fw.IsZero() {
+			// A recorded stop stays when the member stopped, as
+			// availability reads it; the last evidence that it served
+			// (its node's beats, in node leadership) ends at the write.
+			if t.To != nil && t.EndBasis == "last-heartbeat" && t.To.After(fw) {
+				t.To = ptr(fw)
+				t.EndBasis += "; by the fenced register write"
+			}
+			if t.UpUntil != nil && t.UpUntil.After(fw) {
+				t.UpUntil = ptr(fw)
+				t.UpBasis += "; by the fenced register write"
+				fencedBy = true
+			}
+		}
+	}
+	// up_until is not before to, but for a fenced register write: that
+	// proves the database had stopped, though the member's stop event, its
+	// wire time not in the record, is dated later.
+	if t.To != nil && t.UpUntil != nil && t.UpUntil.Before(*t.To) && !fencedBy {
 		t.UpUntil = ptr(*t.To)
 	}
 	end := c.w1
@@ -860,18 +908,7 @@ func (c *computation) releaseWrite(term uint64, from time.Time) time.Time {
 }
 
 func (c *computation) firstFencedWrite(site string, term uint64, from time.Time) time.Time {
-	if c.fenced == nil {
-		c.fenced = map[siteTerm][]int64{}
-		for _, w := range c.reg {
-			if w.v.site >= 0 && w.v.fenced {
-				k := siteTerm{c.siteName(int32(w.v.site)), w.v.term}
-				c.fenced[k] = append(c.fenced[k], w.t)
-			}
-		}
-		for _, ts := range c.fenced {
-			slices.Sort(ts)
-		}
-	}
+	c.indexFenced()
 	k := siteTerm{site, term}
 	uf := c.unfencedWrites(site, term)
 	i, _ := slices.BinarySearch(uf, from.UnixNano()+1)
@@ -884,6 +921,106 @@ func (c *computation) firstFencedWrite(site string, term uint64, from time.Time)
 		return time.Time{}
 	}
 	return time.Unix(0, fs[j]).UTC()
+}
+
+// fencedWrite is the server time of the fenced register write of a
+// site's term that shows the interval ending at stop (zero: not recorded)
+// had stopped: the first fenced write after the last unfenced one, with no
+// unfenced write after it before stop (zero: none at all; an unfenced
+// write after it before the stop means the site served again, and what it
+// recorded of that was lost). A member numbers its writes of a term (the
+// value's beat) and writes one at a time, so a fenced value with a higher
+// beat than the unfenced one before it was issued after that one — after
+// the acquire or the unfencing announcement the interval served on; an
+// older fenced value landing late (its answer lost) carries a lower beat.
+// Only a suspended member, its fence completed, writes a fenced value.
+// The interval's start is not compared: a member's events may be dated
+// late (their wire time is not in the record).
+func (c *computation) fencedWrite(site string, term uint64, stop time.Time) time.Time {
+	var unfenced uint64
+	seen := false
+	var fw regWrite
+	for _, w := range c.reg { // in revision order
+		if w.v.site < 0 || w.v.term != term || c.siteName(int32(w.v.site)) != site {
+			continue
+		}
+		switch {
+		case !w.v.fenced:
+			if fw.rev != 0 && w.v.beat > fw.v.beat && (stop.IsZero() || w.t <= stop.UnixNano()) {
+				fw = regWrite{}
+			}
+			unfenced, seen = w.v.beat, true
+		case fw.rev == 0 && seen && w.v.beat > unfenced:
+			fw = w
+		}
+	}
+	if fw.rev == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, fw.t).UTC()
+}
+
+// lastLease is, in node leadership, the server time of the last beat of
+// the holder's node in an epoch named by the site's unfenced register
+// writes of the term, landed after from and, when limit is set, not after
+// it (zero: none, or per-pair leadership). Until failure_threshold of its
+// node's liveness writes miss, a holder keeps serving with no write of
+// its own (docs/failover.md).
+func (c *computation) lastLease(site string, term uint64, from, limit time.Time) time.Time {
+	if len(c.f.lives) == 0 {
+		return time.Time{}
+	}
+	type lease struct {
+		node  int32
+		epoch uint64
+	}
+	var leases []lease
+	for _, w := range c.reg {
+		if w.v.node >= 0 && w.v.site >= 0 && w.v.term == term && !w.v.fenced && c.siteName(int32(w.v.site)) == site {
+			if l := (lease{w.v.node, w.v.epoch}); !slices.Contains(leases, l) {
+				leases = append(leases, l)
+			}
+		}
+	}
+	if len(leases) == 0 {
+		return time.Time{}
+	}
+	lives := c.f.lives
+	if !slices.IsSortedFunc(lives, func(a, b liveWrite) int { return cmp.Compare(a.t, b.t) }) {
+		// Folded out of order (the sources of a live read are merged in
+		// order; a file is written in order): sorted once, in place.
+		slices.SortStableFunc(lives, func(a, b liveWrite) int { return cmp.Compare(a.t, b.t) })
+	}
+	end := len(lives)
+	if !limit.IsZero() {
+		l := limit.UnixNano()
+		end, _ = slices.BinarySearchFunc(lives, l+1, func(w liveWrite, t int64) int { return cmp.Compare(w.t, t) })
+	}
+	f := from.UnixNano()
+	for i := end - 1; i >= 0 && lives[i].t > f; i-- {
+		if w := lives[i]; w.own && slices.Contains(leases, lease{w.node, w.epoch}) {
+			return time.Unix(0, w.t).UTC()
+		}
+	}
+	return time.Time{}
+}
+
+// indexFenced indexes the times of the fenced register writes by site and
+// term, in time order.
+func (c *computation) indexFenced() {
+	if c.fenced != nil {
+		return
+	}
+	c.fenced = map[siteTerm][]int64{}
+	for _, w := range c.reg {
+		if w.v.site >= 0 && w.v.fenced {
+			k := siteTerm{c.siteName(int32(w.v.site)), w.v.term}
+			c.fenced[k] = append(c.fenced[k], w.t)
+		}
+	}
+	for _, ts := range c.fenced {
+		slices.Sort(ts)
+	}
 }
 
 func (c *computation) regIndex(rev uint64) int {

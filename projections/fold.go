@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -49,16 +50,19 @@ type Fold struct {
 	codec    *events.Registry
 	kvStream string
 	kvPrefix string // "$KV.<bucket>.<pair>."
+	kvRoot   string // "$KV.<bucket>.": the nodes' liveness keys are under it
 	evFail   string // "ev.failover.<pair>."
 	evProc   string // "ev.procedure.<pair>."
 
 	sites    []string
+	nodes    []string // node leadership: the nodes named by registers and liveness records
 	streams  map[string]*streamSeen
 	lastName string
 	last     *streamSeen
 	subjects map[string]*subjectInfo
 
 	reg         series[regWrite]
+	lives       []liveWrite // node leadership: the nodes' liveness writes, in stream order
 	hbs         series[hbWrite]
 	configs     []kvWrite
 	switchovers []kvWrite // and the operator's other requests: pause, failover
@@ -103,6 +107,7 @@ func NewFold(opts Options) (*Fold, error) {
 		codec:    codec,
 		kvStream: events.KVStream(opts.Bucket),
 		kvPrefix: "$KV." + opts.Bucket + "." + opts.Pair + ".",
+		kvRoot:   "$KV." + opts.Bucket + ".",
 		evFail:   failover.NamesOf(opts.Pair).MemberPrefix(),
 		evProc:   failover.NamesOf(opts.Pair).ProcedurePrefix(),
 		streams:  map[string]*streamSeen{},
@@ -133,6 +138,7 @@ const (
 	kindConfig
 	kindSwitchover
 	kindOtherKey
+	kindLiveness // a node's liveness record (node leadership)
 	kindFailoverEvent
 	kindProcedureEvent
 )
@@ -151,6 +157,16 @@ type regWrite struct {
 	t   int64
 	rev uint64
 	v   leaderValue
+}
+
+// liveWrite is one write of a node's liveness record: its own beat, or
+// (own false) another node's raise of its epoch.
+type liveWrite struct {
+	t     int64
+	rev   uint64
+	node  int32
+	epoch uint64
+	own   bool
 }
 
 // hbWrite is one member heartbeat.
@@ -267,6 +283,23 @@ func (f *Fold) Add(rec events.Record) {
 		}
 		f.hbs.add(hbWrite{t: t, rev: rec.Sequence, beat: v.beat, site: site, phase: v.phase, ready: v.ready})
 		f.counts.Heartbeats++
+	case kindLiveness:
+		if op != events.OpPut {
+			f.markers = append(f.markers, kvWrite{t: t, rev: rec.Sequence, key: si.key, op: op})
+			f.counts.KV++
+			return
+		}
+		l, err := failover.DecodeLiveness(rec.Data)
+		if err != nil {
+			f.addCorrupt(rec, err)
+			return
+		}
+		if f.nodes[si.site] != l.Node {
+			f.addCorrupt(rec, fmt.Errorf("liveness record of node %q under the key of %q", l.Node, f.nodes[si.site]))
+			return
+		}
+		f.lives = append(f.lives, liveWrite{t: t, rev: rec.Sequence, node: si.site, epoch: l.Epoch, own: l.Own()})
+		f.counts.Liveness++
 	case kindConfig, kindSwitchover, kindOtherKey:
 		w := kvWrite{t: t, rev: rec.Sequence, key: si.key, op: op, value: bytes.Clone(rec.Data)}
 		switch si.kind {
@@ -317,6 +350,10 @@ func (f *Fold) classify(stream, subject string) *subjectInfo {
 			si.kind, si.site = kindHeartbeat, int32(f.siteIndex(rest[3:]))
 		default:
 			si.kind = kindOtherKey
+		}
+	case stream == f.kvStream && strings.HasPrefix(subject, f.kvRoot):
+		if node := failover.LivenessNode(subject[len(f.kvRoot):]); node != "" {
+			si.kind, si.key, si.site = kindLiveness, subject[len(f.kvRoot):], f.nodeIndex(node)
 		}
 	case strings.HasPrefix(subject, f.evFail) && !strings.Contains(subject[len(f.evFail):], "."):
 		si.kind, si.site = kindFailoverEvent, int32(f.siteIndex(subject[len(f.evFail):]))
@@ -376,6 +413,27 @@ func (f *Fold) siteIndex(s string) int32 {
 	}
 	f.sites = append(f.sites, s)
 	return int32(len(f.sites) - 1)
+}
+
+// nodeIndex interns a node name; "" is -1.
+func (f *Fold) nodeIndex(s string) int32 {
+	if s == "" {
+		return -1
+	}
+	if i := slices.Index(f.nodes, s); i >= 0 {
+		return int32(i)
+	}
+	f.nodes = append(f.nodes, s)
+	return int32(len(f.nodes) - 1)
+}
+
+func (f *Fold) nodeIndexBytes(b []byte) int32 {
+	for i, n := range f.nodes {
+		if n == string(b) { // no allocation: compared in place
+			return int32(i)
+		}
+	}
+	return f.nodeIndex(string(b))
 }
 
 func (f *Fold) siteIndexBytes(b []byte) int32 {

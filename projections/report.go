@@ -116,10 +116,15 @@ type Tenure struct {
 	UpUntil           *time.Time `json:"up_until"`
 	UpBasis           string     `json:"up_basis"`
 	LastRegisterWrite *time.Time `json:"last_register_write,omitempty"`
-	DurationMS        float64    `json:"duration_ms"`
-	FromEvent         *EventRef  `json:"from_event,omitempty"`
-	ToEvent           *EventRef  `json:"to_event,omitempty"`
-	UpEvent           *EventRef  `json:"up_event,omitempty"`
+	// LastLiveness (node leadership): the last liveness write of the
+	// holder's node in the epoch its register named, when later than its
+	// last register write — the lease went on with it, and the rules'
+	// bound runs from it.
+	LastLiveness *time.Time `json:"last_liveness,omitempty"`
+	DurationMS   float64    `json:"duration_ms"`
+	FromEvent    *EventRef  `json:"from_event,omitempty"`
+	ToEvent      *EventRef  `json:"to_event,omitempty"`
+	UpEvent      *EventRef  `json:"up_event,omitempty"`
 }
 
 // Failover is a takeover: a follower won the register from a stale holder.
@@ -380,7 +385,8 @@ type RecordCounts struct {
 	Foreign           int `json:"foreign"` // other pairs, other streams
 	Register          int `json:"register_writes"`
 	Heartbeats        int `json:"member_heartbeats"`
-	KV                int `json:"other_kv"` // config, switchover, markers
+	Liveness          int `json:"liveness_writes"` // node leadership: the nodes' liveness records
+	KV                int `json:"other_kv"`        // config, switchover, markers
 	Events            int `json:"events"`
 	Unknown           int `json:"unknown"` // unknown event types and KV keys: counted, shown, not folded
 	UnknownKeys       int `json:"unknown_keys"`

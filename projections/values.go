@@ -17,7 +17,9 @@ import (
 // fold's site table (no string per write).
 type leaderValue struct {
 	site, handoff   int32 // site indexes; -1: none
+	node            int32 // node leadership: the holder's node (index), -1 none
 	term, beat      uint64
+	epoch           uint64 // node leadership: the epoch the lease lives in
 	fenced, planned bool
 	// forAnother: it names a holder and says another site wrote it
 	// (failover.Leader.ForAnother): no member writes that.
@@ -31,7 +33,7 @@ func (f *Fold) decodeLeaderFast(b []byte) (v leaderValue, ok bool) {
 	if err != nil {
 		return v, false
 	}
-	v.site, v.handoff = -1, -1
+	v.site, v.handoff, v.node = -1, -1, -1
 	var by []byte
 	for range n {
 		var k, s []byte
@@ -55,6 +57,13 @@ func (f *Fold) decodeLeaderFast(b []byte) (v leaderValue, ok bool) {
 				return v, false
 			}
 			continue
+		case "nd":
+			var s []byte
+			if s, i, err = mp.Bytes(b, i); err != nil {
+				return v, false
+			}
+			v.node = f.nodeIndexBytes(s)
+			continue
 		}
 		if len(k) != 1 {
 			return v, false
@@ -74,6 +83,8 @@ func (f *Fold) decodeLeaderFast(b []byte) (v leaderValue, ok bool) {
 			v.fenced, i, err = mp.Bool(b, i)
 		case 'p':
 			v.planned, i, err = mp.Bool(b, i)
+		case 'e':
+			v.epoch, i, err = mp.Uint(b, i)
 		default:
 			return v, false
 		}
@@ -94,8 +105,8 @@ func (f *Fold) decodeLeader(b []byte) (leaderValue, error) {
 	if err != nil {
 		return leaderValue{}, err
 	}
-	return leaderValue{site: f.siteIndex(l.Site), handoff: f.siteIndex(l.Handoff), term: l.Term, beat: l.Beat, fenced: l.Fenced, planned: l.Planned,
-		forAnother: l.ForAnother()}, nil
+	return leaderValue{site: f.siteIndex(l.Site), handoff: f.siteIndex(l.Handoff), node: f.nodeIndex(l.Node), term: l.Term, beat: l.Beat, epoch: l.Epoch,
+		fenced: l.Fenced, planned: l.Planned, forAnother: l.ForAnother()}, nil
 }
 
 // heartbeatValue is a member heartbeat.

@@ -17,7 +17,8 @@ import (
 
 // PairRecordOptions select one pair's record on a live JetStream: the
 // failover bucket's messages for keys <pair>.> (register, heartbeats,
-// config, switchover) and the event stream's ev.failover.<pair>.> and
+// config, switchover) and _live.> (the nodes' liveness records, node
+// leadership), and the event stream's ev.failover.<pair>.> and
 // ev.procedure.<pair>.>.
 type PairRecordOptions struct {
 	Pair   string
@@ -55,6 +56,9 @@ type pairSource struct {
 func (o PairRecordOptions) sources() []pairSource {
 	return []pairSource{
 		{events.KVStream(o.Bucket), "$KV." + o.Bucket + "." + failover.NamesOf(o.Pair).Keys()},
+		// Node leadership: the nodes' liveness records, which a holder's
+		// lease lives in (a few writes a second per node in all).
+		{events.KVStream(o.Bucket), "$KV." + o.Bucket + "." + failover.LivenessPrefix + ".>"},
 		{o.Stream, failover.NamesOf(o.Pair).Members()},
 		{o.Stream, failover.NamesOf(o.Pair).Procedures()},
 	}

@@ -462,8 +462,8 @@ func newWorld(cfg Config) (*world, error) {
 	if cfg.Pairs > MaxPairs {
 		return nil, fmt.Errorf("pairs per node: at most %d, got %d", MaxPairs, cfg.Pairs)
 	}
-	if cfg.Export != nil && (cfg.Pairs > 1 || cfg.Leadership == LeadershipNode) {
-		return nil, fmt.Errorf("the export of a run holds one pair in per-pair leadership: run without --out, or with one pair and --leadership per-pair")
+	if cfg.Export != nil && cfg.Pairs > 1 {
+		return nil, fmt.Errorf("the export of a run holds one pair: run without --out, or with --pairs 1")
 	}
 	opts := failover.Options{AllowUnsafe: cfg.AllowUnsafe}
 	if cfg.AcquireOneHeartbeat {

@@ -24,7 +24,21 @@ type simReport struct {
 		To   string  `json:"to"`
 		Term uint64  `json:"term"`
 	} `json:"takeovers"`
-	Rules rulesJSON `json:"rules"`
+	Rules      rulesJSON `json:"rules"`
+	Violations []struct {
+		Invariant string `json:"invariant"`
+	} `json:"violations"`
+}
+
+// sawSplitBrain reports whether the simulator found two members serving
+// at once.
+func (s simReport) sawSplitBrain() bool {
+	for _, v := range s.Violations {
+		if v.Invariant == simulations.InvSplitBrain {
+			return true
+		}
+	}
+	return false
 }
 
 // simOutage is one of the simulator's outages, dated as the record dates
@@ -42,6 +56,10 @@ type simOutage struct {
 
 // replayAvailability is the part of `replay --format json` it reads.
 type replayAvailability struct {
+	SplitBrain []struct {
+		From time.Time `json:"from"`
+		MS   float64   `json:"ms"`
+	} `json:"split_brain"`
 	Failovers []struct {
 		Term       uint64    `json:"term"`
 		From       string    `json:"from"`
@@ -94,9 +112,10 @@ func TestReplayAgreesWithSimulator(t *testing.T) {
 	// runs, 5s (25s with -race). The sweep of 3,250 runs in docs/replay.md
 	// agrees the same way.
 	type run struct {
-		scenario string
-		seeds    uint64
-		duration string
+		scenario   string
+		seeds      uint64
+		duration   string
+		leadership string // "": per-pair
 	}
 	var runs []run
 	for _, sc := range simulations.Scenarios() {
@@ -113,19 +132,32 @@ func TestReplayAgreesWithSimulator(t *testing.T) {
 			r.seeds, r.duration = 60, "20m"
 		}
 		runs = append(runs, r)
+		if !sc.Database {
+			n := r
+			n.leadership, n.seeds = "node", 10
+			runs = append(runs, n)
+		}
 	}
 	for _, r := range runs {
 		for seed := uint64(1); seed <= r.seeds; seed++ {
-			t.Run(fmt.Sprintf("%s/%d", r.scenario, seed), func(t *testing.T) {
+			name := fmt.Sprintf("%s/%d", r.scenario, seed)
+			if r.leadership != "" {
+				name = fmt.Sprintf("%s-%s/%d", r.scenario, r.leadership, seed)
+			}
+			t.Run(name, func(t *testing.T) {
 				t.Parallel()
 				path := filepath.Join(t.TempDir(), "run.usx")
 				args := []string{"simulate", "--scenario", r.scenario, "--seed", strconv.FormatUint(seed, 10), "--json", "--out", path}
 				if r.duration != "" {
 					args = append(args, "--duration", r.duration)
 				}
+				if r.leadership != "" {
+					args = append(args, "--leadership", r.leadership)
+				}
 				code, out, errOut := runCLI(t, args...)
 				var sim simReport
-				if err := json.Unmarshal([]byte(out), &sim); err != nil || code != exitOK {
+				err := json.Unmarshal([]byte(out), &sim)
+				if err != nil || (code != exitOK && !(r.leadership == "node" && knownNodeFindings[name] != "")) {
 					t.Fatalf("simulate: exit %d, %v\n%s\n%s", code, err, out, errOut)
 				}
 				code, out, errOut = runCLI(t, "replay", "--file", path, "--format", "json")
@@ -133,12 +165,46 @@ func TestReplayAgreesWithSimulator(t *testing.T) {
 				if err := json.Unmarshal([]byte(out), &rep); err != nil || code != exitOK {
 					t.Fatalf("replay: exit %d, %v\n%s", code, err, errOut)
 				}
+				if why := knownFalseSplitBrains[name]; why != "" {
+					if len(rep.SplitBrain) == 0 {
+						t.Errorf("listed as a replay's false split brain (%s), and none is reported: take it off the list", why)
+					}
+				} else if len(rep.SplitBrain) > 0 && !sim.sawSplitBrain() {
+					t.Errorf("the replay reports %d split brains (the first %.0f ms from %s), the simulator none", len(rep.SplitBrain), rep.SplitBrain[0].MS, rep.SplitBrain[0].From.Format(time.RFC3339Nano))
+				}
+				if r.leadership == "node" {
+					// Node leadership: the replay's split-brain check reads the
+					// nodes' liveness records (the holder's lease); its
+					// availability dates a member's stop by its events, which
+					// the simulator's node model dates otherwise (not compared
+					// yet: docs/replay.md).
+					if len(rep.Failovers) != sim.Failovers {
+						t.Errorf("failovers: replay %d, simulator %d", len(rep.Failovers), sim.Failovers)
+					}
+					return
+				}
 				for _, p := range agree(sim, rep) {
 					t.Error(p)
 				}
 			})
 		}
 	}
+}
+
+// knownNodeFindings are the node-leadership runs whose simulation breaks
+// an invariant other than the split brain (docs/simulation.md, findings):
+// their replay is compared all the same.
+var knownNodeFindings = map[string]string{
+	"clock-jump-node/8": "N4: a failover under clock jumps",
+}
+
+// knownFalseSplitBrains are the runs whose replay reports a split brain
+// the simulator did not see (docs/simulation.md, finding N12): a member's
+// events dated late across a jump of its node's monotonic clock start a
+// serving interval after the one its promote step began, which its fence
+// had already ended. Each must still show it: fixed, it comes off the list.
+var knownFalseSplitBrains = map[string]string{
+	"random-node/9": "N12",
 }
 
 // agreeTolerance is the resolution of the comparison: float64 seconds
