@@ -37,6 +37,9 @@ type computation struct {
 	// unfenced, fenced: the times of the unfenced and of the fenced
 	// register writes per site and term.
 	unfenced, fenced map[siteTerm][]int64
+	// termWrites: the register writes naming each site and term as holder,
+	// in revision order (writesOf).
+	termWrites map[siteTerm][]regWrite
 	// mayHaveServed: stretches where the record's register writes show a
 	// site may have served though no serving_started of it was recorded.
 	mayHaveServed []MaySpan
@@ -262,10 +265,6 @@ type siteRun struct {
 	stopping *tenure // stopped serving; its fence or demotion has not completed
 	tenures  []*tenure
 	then     failover.AfterFence
-	// promoted is the seq of the promote chain whose successful step last
-	// began an interval: its serving_started, landing later, is that same
-	// serving, not another.
-	promoted uint64
 }
 
 type tenure struct {
@@ -593,11 +592,9 @@ func (s *siteRun) apply(e eventRec) {
 			}
 			term := s.c.termAt(s.name, t, s.term)
 			s.startServing(t, term, "promote_step", ref(e))
-			s.promoted = ev.Seq
 			s.set("serving", t, term, "")
 		}
 	case *failover.Started:
-		s.promoted = 0
 		if s.open != nil {
 			s.open.restartAt, s.open.End = t, "restart"
 			s.stopping, s.open = s.open, nil
@@ -642,11 +639,6 @@ func (s *siteRun) apply(e eventRec) {
 	case *failover.Unfenced:
 		s.set("promoting", t, ev.Term, "unfenced")
 	case *failover.ServingStarted:
-		if s.open == nil && ev.Seq != 0 && ev.Seq == s.promoted {
-			// Its promote step began the serving, and a fence or demote
-			// chain has ended it since: this event landed late.
-			break
-		}
 		s.startServing(t, ev.Term, "serving_started", ref(e))
 		s.set("serving", t, ev.Term, "")
 	case *failover.PromoteFailed:
@@ -940,10 +932,7 @@ func (c *computation) fencedWrite(site string, term uint64, stop time.Time) time
 	var unfenced uint64
 	seen := false
 	var fw regWrite
-	for _, w := range c.reg { // in revision order
-		if w.v.site < 0 || w.v.term != term || c.siteName(int32(w.v.site)) != site {
-			continue
-		}
+	for _, w := range c.writesOf(site, term) { // in revision order
 		switch {
 		case !w.v.fenced:
 			if fw.rev != 0 && w.v.beat > fw.v.beat && (stop.IsZero() || w.t <= stop.UnixNano()) {
@@ -975,8 +964,8 @@ func (c *computation) lastLease(site string, term uint64, from, limit time.Time)
 		epoch uint64
 	}
 	var leases []lease
-	for _, w := range c.reg {
-		if w.v.node >= 0 && w.v.site >= 0 && w.v.term == term && !w.v.fenced && c.siteName(int32(w.v.site)) == site {
+	for _, w := range c.writesOf(site, term) {
+		if w.v.node >= 0 && !w.v.fenced {
 			if l := (lease{w.v.node, w.v.epoch}); !slices.Contains(leases, l) {
 				leases = append(leases, l)
 			}
@@ -1003,6 +992,21 @@ func (c *computation) lastLease(site string, term uint64, from, limit time.Time)
 		}
 	}
 	return time.Time{}
+}
+
+// writesOf returns the register writes that name site as the holder in
+// term, in revision order.
+func (c *computation) writesOf(site string, term uint64) []regWrite {
+	if c.termWrites == nil {
+		c.termWrites = map[siteTerm][]regWrite{}
+		for _, w := range c.reg {
+			if w.v.site >= 0 {
+				k := siteTerm{c.siteName(int32(w.v.site)), w.v.term}
+				c.termWrites[k] = append(c.termWrites[k], w)
+			}
+		}
+	}
+	return c.termWrites[siteTerm{site, term}]
 }
 
 // indexFenced indexes the times of the fenced register writes by site and

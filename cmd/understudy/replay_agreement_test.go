@@ -165,11 +165,7 @@ func TestReplayAgreesWithSimulator(t *testing.T) {
 				if err := json.Unmarshal([]byte(out), &rep); err != nil || code != exitOK {
 					t.Fatalf("replay: exit %d, %v\n%s", code, err, errOut)
 				}
-				if why := knownFalseSplitBrains[name]; why != "" {
-					if len(rep.SplitBrain) == 0 {
-						t.Errorf("listed as a replay's false split brain (%s), and none is reported: take it off the list", why)
-					}
-				} else if len(rep.SplitBrain) > 0 && !sim.sawSplitBrain() {
+				if len(rep.SplitBrain) > 0 && !sim.sawSplitBrain() {
 					t.Errorf("the replay reports %d split brains (the first %.0f ms from %s), the simulator none", len(rep.SplitBrain), rep.SplitBrain[0].MS, rep.SplitBrain[0].From.Format(time.RFC3339Nano))
 				}
 				if r.leadership == "node" {
@@ -196,15 +192,6 @@ func TestReplayAgreesWithSimulator(t *testing.T) {
 // their replay is compared all the same.
 var knownNodeFindings = map[string]string{
 	"clock-jump-node/8": "N4: a failover under clock jumps",
-}
-
-// knownFalseSplitBrains are the runs whose replay reports a split brain
-// the simulator did not see (docs/simulation.md, finding N12): a member's
-// events dated late across a jump of its node's monotonic clock start a
-// serving interval after the one its promote step began, which its fence
-// had already ended. Each must still show it: fixed, it comes off the list.
-var knownFalseSplitBrains = map[string]string{
-	"random-node/9": "N12",
 }
 
 // agreeTolerance is the resolution of the comparison: float64 seconds
