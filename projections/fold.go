@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -56,6 +55,7 @@ type Fold struct {
 
 	sites    []string
 	nodes    []string // node leadership: the nodes named by registers and liveness records
+	nodeIdx  map[string]int32
 	streams  map[string]*streamSeen
 	lastName string
 	last     *streamSeen
@@ -420,18 +420,23 @@ func (f *Fold) nodeIndex(s string) int32 {
 	if s == "" {
 		return -1
 	}
-	if i := slices.Index(f.nodes, s); i >= 0 {
-		return int32(i)
+	if i, ok := f.nodeIdx[s]; ok {
+		return i
+	}
+	if f.nodeIdx == nil {
+		f.nodeIdx = map[string]int32{}
 	}
 	f.nodes = append(f.nodes, s)
+	f.nodeIdx[s] = int32(len(f.nodes) - 1)
 	return int32(len(f.nodes) - 1)
 }
 
 func (f *Fold) nodeIndexBytes(b []byte) int32 {
-	for i, n := range f.nodes {
-		if n == string(b) { // no allocation: compared in place
-			return int32(i)
-		}
+	if len(b) == 0 {
+		return -1
+	}
+	if i, ok := f.nodeIdx[string(b)]; ok { // no allocation for the lookup
+		return i
 	}
 	return f.nodeIndex(string(b))
 }

@@ -50,6 +50,18 @@ func (h *history) nodeTakeover(attempt time.Duration, expect uint64) {
 	h.at(attempt+10*time.Millisecond).event("site-b", &failover.ServingStarted{Seq: 2, Term: 2})
 }
 
+// lateFence: site-a's stop events land at 40s, all of them (their wait in
+// its queue not known): a fence for heartbeat failures whose first
+// attempt failed, its retry's chain, fenced.
+func (h *history) lateFence() {
+	h.at(40 * time.Second)
+	h.event("site-a", &failover.FenceRequested{Seq: 3, Reason: failover.FenceHeartbeatFailures, Term: 1, Then: failover.AfterSuspend})
+	h.event("site-a", &failover.FenceFailed{Seq: 3, Detail: "not started"})
+	h.event("site-a", &failover.FenceRequested{Seq: 4, Reason: failover.FenceHeartbeatFailures, Term: 1, Then: failover.AfterSuspend})
+	h.chain("site-a", procedure.ChainFence, 4, false)
+	h.event("site-a", &failover.Fenced{Seq: 4})
+}
+
 // In node leadership a holder writes its register once, at its acquire:
 // its lease goes on with its node's beats. Its node dies at 40s (no event
 // of its stop in the record): it may have served until its node's last
@@ -100,13 +112,7 @@ func TestFencedRegisterWriteBoundsALateFence(t *testing.T) {
 	h.at(10 * time.Second).leader(failover.Leader{Site: "site-a", Term: 1, Beat: 1, Fenced: true, Node: "node-a", Epoch: 1})
 	fenced := h.now
 	h.nodeTakeover(16*time.Second, 4)
-	// site-a's events of it all land at 40s (the queue's wait not known).
-	h.at(40 * time.Second)
-	h.event("site-a", &failover.FenceRequested{Seq: 3, Reason: failover.FenceHeartbeatFailures, Term: 1, Then: failover.AfterSuspend})
-	h.event("site-a", &failover.FenceFailed{Seq: 3, Detail: "not started"})
-	h.event("site-a", &failover.FenceRequested{Seq: 4, Reason: failover.FenceHeartbeatFailures, Term: 1, Then: failover.AfterSuspend})
-	h.chain("site-a", procedure.ChainFence, 4, false)
-	h.event("site-a", &failover.Fenced{Seq: 4})
+	h.lateFence()
 	r := foldAll(t, "pg-main", h.recs)
 	if len(r.SplitBrain) != 0 {
 		t.Fatalf("split brain: %+v", r.SplitBrain)
@@ -122,12 +128,7 @@ func TestFencedRegisterWriteBoundsALateFence(t *testing.T) {
 	h = newHistory(t, "pg-main")
 	h.nodeBootstrap(60*time.Second, 60*time.Second)
 	h.nodeTakeover(16*time.Second, 3)
-	h.at(40 * time.Second)
-	h.event("site-a", &failover.FenceRequested{Seq: 3, Reason: failover.FenceHeartbeatFailures, Term: 1, Then: failover.AfterSuspend})
-	h.event("site-a", &failover.FenceFailed{Seq: 3, Detail: "not started"})
-	h.event("site-a", &failover.FenceRequested{Seq: 4, Reason: failover.FenceHeartbeatFailures, Term: 1, Then: failover.AfterSuspend})
-	h.chain("site-a", procedure.ChainFence, 4, false)
-	h.event("site-a", &failover.Fenced{Seq: 4})
+	h.lateFence()
 	if r := foldAll(t, "pg-main", h.recs); len(r.SplitBrain) != 1 {
 		t.Fatalf("no fenced write, a failed fence and a late completion: split brain %+v", r.SplitBrain)
 	}
