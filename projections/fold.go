@@ -138,7 +138,7 @@ const (
 	kindConfig
 	kindSwitchover
 	kindOtherKey
-	kindLiveness // a node's liveness record (node leadership)
+	kindLiveness // a node's liveness record (node leadership); the last of the bucket's kinds
 	kindFailoverEvent
 	kindProcedureEvent
 )
@@ -246,18 +246,19 @@ func (f *Fold) Add(rec events.Record) {
 		si.minSeq = rec.Sequence
 	}
 	op := events.OpPut
-	if si.kind <= kindOtherKey && len(rec.Headers) > 0 {
+	if si.kind <= kindLiveness && len(rec.Headers) > 0 { // the bucket's keys
 		if _, e, ok := events.EntryFromRecord(rec); ok {
 			op = e.Op
 		}
 	}
+	if op != events.OpPut && (si.kind == kindLeader || si.kind == kindHeartbeat || si.kind == kindLiveness) {
+		// A delete or purge marker of a key whose values the fold reads.
+		f.markers = append(f.markers, kvWrite{t: t, rev: rec.Sequence, key: si.key, op: op})
+		f.counts.KV++
+		return
+	}
 	switch si.kind {
 	case kindLeader:
-		if op != events.OpPut {
-			f.markers = append(f.markers, kvWrite{t: t, rev: rec.Sequence, key: si.key, op: op})
-			f.counts.KV++
-			return
-		}
 		v, err := f.decodeLeader(rec.Data)
 		if err != nil {
 			f.addCorrupt(rec, err)
@@ -266,11 +267,6 @@ func (f *Fold) Add(rec events.Record) {
 		f.reg.add(regWrite{t: t, rev: rec.Sequence, v: v})
 		f.counts.Register++
 	case kindHeartbeat:
-		if op != events.OpPut {
-			f.markers = append(f.markers, kvWrite{t: t, rev: rec.Sequence, key: si.key, op: op})
-			f.counts.KV++
-			return
-		}
 		v, err := f.decodeHeartbeat(rec.Data)
 		if err != nil {
 			f.addCorrupt(rec, err)
@@ -284,11 +280,6 @@ func (f *Fold) Add(rec events.Record) {
 		f.hbs.add(hbWrite{t: t, rev: rec.Sequence, beat: v.beat, site: site, phase: v.phase, ready: v.ready})
 		f.counts.Heartbeats++
 	case kindLiveness:
-		if op != events.OpPut {
-			f.markers = append(f.markers, kvWrite{t: t, rev: rec.Sequence, key: si.key, op: op})
-			f.counts.KV++
-			return
-		}
 		l, err := failover.DecodeLiveness(rec.Data)
 		if err != nil {
 			f.addCorrupt(rec, err)

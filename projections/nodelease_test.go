@@ -7,6 +7,7 @@ import (
 
 	"understudy/actors/failover"
 	"understudy/actors/procedure"
+	"understudy/events"
 )
 
 // live writes node's liveness record (its own beat in epoch).
@@ -152,4 +153,17 @@ func TestFencedWriteFollowedByAnUnfencingDoesNotBound(t *testing.T) {
 		t.Fatalf("bounded by a fenced write it unfenced after: %+v", a)
 	}
 	timeEq(t, "site-a up_until", a.UpUntil, at(30100*time.Millisecond))
+}
+
+// A delete marker of a liveness key is a marker, not a corrupt record.
+func TestLivenessDeleteMarkerIsNotCorrupt(t *testing.T) {
+	h := newHistory(t, "pg-main")
+	h.nodeBootstrap(5*time.Second, 5*time.Second)
+	h.kvSeq++
+	rec := events.KVRecord(DefaultBucket, events.Entry{Key: failover.LivenessKey("node-a"), Revision: h.kvSeq, Time: h.now, Op: events.OpDelete})
+	h.recs = append(h.recs, rec)
+	r := foldAll(t, "pg-main", h.recs)
+	if r.Records.Corrupt != 0 {
+		t.Fatalf("a liveness key's delete marker read as corrupt: %+v", r.Records.RecordCounts)
+	}
 }
