@@ -34,10 +34,22 @@ type nodeWatch struct {
 	cancel context.CancelFunc
 
 	// mu is held while an entry is handed over, so that a member that
-	// subscribes gets the cache and then what follows, nothing twice.
-	mu       sync.Mutex
-	byPair   map[string]map[string]*memberActor // pair -> actor id -> member
-	members  map[string]*memberActor            // actor id -> member
+	// subscribes gets the cache and then what follows, nothing twice. It
+	// is not held while members are woken (wakeMembers): a wake of 10,000
+	// members took a survivor's watch 0.1–0.2 s each, three in a row as a
+	// takeover began, and every write of its store gate (which reads the
+	// cache, see storeGate.stale) and the liveness writer's results waited
+	// for them: no register was sent for the first half second.
+	mu      sync.Mutex
+	byPair  map[string]map[string]*memberActor // pair -> actor id -> member
+	members map[string]*memberActor            // actor id -> member
+	// roster: members as a slice, for wakes outside mu; rebuilt when
+	// stale after a subscribe or unsubscribe, never changed in place.
+	roster      []*memberActor
+	rosterStale bool
+	// wake has a member take in the liveness log at its next turn
+	// (memberActor.wakeLive; tests replace it).
+	wake     func(a *memberActor)
 	liveness func(failover.Input)               // the liveness actor's inbox; nil while it does not run
 	cache    map[string]map[string]events.Entry // pair -> key -> latest entry
 	live     map[string]failover.LivenessEntry  // node -> latest record handed over
@@ -67,7 +79,8 @@ func newNodeWatch(kv events.KV, trust *ValueTrust, node string, heartbeat time.D
 		ctx: ctx, cancel: cancel,
 		byPair: map[string]map[string]*memberActor{}, members: map[string]*memberActor{},
 		cache: map[string]map[string]events.Entry{}, live: map[string]failover.LivenessEntry{},
-		forged: map[string]uint64{}, syncedCh: make(chan struct{}), done: make(chan struct{})}
+		forged: map[string]uint64{}, syncedCh: make(chan struct{}), done: make(chan struct{}),
+		wake: (*memberActor).wakeLive}
 	w.lag.limit, w.lag.keep = heartbeat, 256
 	return w
 }
@@ -196,12 +209,15 @@ func (w *nodeWatch) markSynced() {
 // route hands entry e over: a liveness record to everyone, a pair's key
 // to that pair's members. session is the watch's (0: a direct read).
 func (w *nodeWatch) route(e events.Entry, session uint64) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	if node := failover.LivenessNode(e.Key); node != "" {
-		w.routeLive(node, e)
+		w.mu.Lock()
+		members, all := w.routeLive(node, e)
+		w.mu.Unlock()
+		w.wakeMembers(members, all)
 		return
 	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	pair, _, ok := strings.Cut(e.Key, ".")
 	if !ok || pair == failover.LivenessPrefix || pair == failover.DeploymentPrefix {
 		return // not a pair's key (a probe of the store, the deployment's leadership)
@@ -221,10 +237,12 @@ func (w *nodeWatch) route(e events.Entry, session uint64) {
 }
 
 // routeLive hands a revision of node's liveness record to every member,
-// and to the liveness actor when it is this node's. w.mu is held.
-func (w *nodeWatch) routeLive(node string, e events.Entry) {
+// and to the liveness actor when it is this node's; it returns the
+// members to wake once w.mu is released, and whether all of them (see
+// wakeMembers). w.mu is held.
+func (w *nodeWatch) routeLive(node string, e events.Entry) (members []*memberActor, all bool) {
 	if last, ok := w.live[node]; ok && e.Revision <= last.Rev {
-		return
+		return nil, false
 	}
 	le, why := livenessEntryOf(node, e, w.trust)
 	if why != nil && e.Revision > w.forged[node] {
@@ -236,10 +254,10 @@ func (w *nodeWatch) routeLive(node string, e events.Entry) {
 	w.live[node] = le
 	in := failover.LivenessObserved{Node: node, Entry: le}
 	w.lives.add(in, time.Now())
-	w.wakeMembers(failover.LivenessUrgent(w.node, in, prev, known, 0))
 	if node == w.node && w.liveness != nil {
 		w.toLiveness(le)
 	}
+	return w.memberList(), failover.LivenessUrgent(w.node, in, prev, known, 0)
 }
 
 // toLiveness hands the node's own record to its liveness actor. A value
@@ -285,6 +303,7 @@ func (w *nodeWatch) subscribe(a *memberActor) {
 	defer w.mu.Unlock()
 	id, pair := a.pid.String(), a.cfg.Rules.Pair
 	w.members[id] = a
+	w.rosterStale = true
 	if w.byPair[pair] == nil {
 		w.byPair[pair] = map[string]*memberActor{}
 	}
@@ -315,6 +334,7 @@ func (w *nodeWatch) unsubscribe(a *memberActor) {
 		return
 	}
 	delete(w.members, id)
+	w.rosterStale = true
 	delete(w.byPair[pair], id)
 	if len(w.byPair[pair]) == 0 {
 		delete(w.byPair, pair)
@@ -344,13 +364,14 @@ func (w *nodeWatch) setLiveness(fn func(failover.Input)) {
 // not a routine beat (a failed write, a new epoch).
 func (w *nodeWatch) broadcast(res failover.LivenessResult) {
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	w.lives.add(res, time.Now())
 	urgent := failover.LivenessUrgent(w.node, res, failover.LivenessEntry{}, false, w.resultEpoch)
 	if res.Epoch != 0 {
 		w.resultEpoch = res.Epoch
 	}
-	w.wakeMembers(urgent)
+	members := w.memberList()
+	w.mu.Unlock()
+	w.wakeMembers(members, urgent)
 }
 
 // probeLiveness asks the node's liveness actor for a write now
@@ -370,15 +391,30 @@ func (w *nodeWatch) probeLiveness() {
 	fn(failover.LivenessProbe{})
 }
 
-// wakeMembers has members take in the liveness log now: every member
-// (all), or those in a phase that acts on their node's liveness (see
-// memberActor.prompt). w.mu is held.
-func (w *nodeWatch) wakeMembers(all bool) {
-	for _, a := range w.members {
+// wakeMembers has members take in the liveness log now: every member of
+// members (all), or those in a phase that acts on their node's liveness
+// (see memberActor.prompt). Called without w.mu, after the log gained
+// what they are woken for: a member that subscribed meanwhile reads the
+// log from where it joined, and one that left is not stepped again.
+func (w *nodeWatch) wakeMembers(members []*memberActor, all bool) {
+	for _, a := range members {
 		if all || a.prompt.Load() {
-			a.inbox.input(a, nil) // nil: take in the log (memberActor.deliver)
+			w.wake(a)
 		}
 	}
+}
+
+// memberList is the members as a slice the caller may read after
+// releasing w.mu. w.mu is held.
+func (w *nodeWatch) memberList() []*memberActor {
+	if w.rosterStale {
+		l := make([]*memberActor, 0, len(w.members))
+		for _, a := range w.members {
+			l = append(l, a)
+		}
+		w.roster, w.rosterStale = l, false
+	}
+	return w.roster
 }
 
 // cached returns the latest entry of key the watch delivered.
