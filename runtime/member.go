@@ -534,7 +534,7 @@ func (a *memberActor) setPrompt() {
 // wakeLive has the member take in its node's liveness log at its next
 // step: one wake on its way is enough, as the step reads all the log
 // gained. In a takeover the node woke each of its 10,000 members three
-// times in half a second (its own beat, the raise, the raise's result)
+// times in half a second (its own beat, the raise, its beat's answer)
 // while most had not stepped yet. Safe for concurrent use.
 func (a *memberActor) wakeLive() {
 	if a.ctx.Err() != nil || a.liveWoken.Swap(true) {
