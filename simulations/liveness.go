@@ -198,7 +198,6 @@ func (w *world) logLive(m *machine, in failover.Input) bool {
 // their node's next routine beat (failover.Member.Prompt); the others
 // take it in at their next step.
 func (w *world) stepLive(m *machine, urgent bool) {
-	urgent = urgent || w.cfg.BeatsAtOnce
 	for _, s := range w.pairs {
 		if n := s.nodes[m.idx]; n.alive && n.m != nil && (urgent || n.m.Prompt()) {
 			s.step(n, nil)

@@ -18,12 +18,6 @@ var nodeRegressions = []struct {
 	// findings that need them.
 	storeWriteTime time.Duration
 	hostWriteBound int
-	// before: the seed is run with the members' acquire window, the
-	// node's gate order, its members' intake of beats and its liveness
-	// writer of its time (Config.AcquireOneHeartbeat, HostBeatsInOrder,
-	// BeatsAtOnce, NoLivenessProbe), which its finding needs; the fix it
-	// keeps does not depend on any.
-	before bool
 }{
 	// N3: a suspended holder whose fenced register value landed but whose
 	// answer was lost judged the register by its last acknowledged value
@@ -58,31 +52,23 @@ var nodeRegressions = []struct {
 	// 16s) whose announcements landed with their answers late: each kept
 	// writing it again, waiting for an answer in time, and behind the
 	// node's bound those rewrites kept other holders' writes from being
-	// issued (2,231 not issued in 40s; pg-main-6's first register write
-	// after its fence at 20.053s landed at 30.399s), while the followers
-	// took an unfenced value that stood with the node's beats for a
-	// recovery: unavailable-while-standby-healthy for 42 pairs, the first
-	// at 35.747s, and 180 failovers in 40s. The holder now takes the
-	// watch's delivery or a late answer of its announcement as its
-	// landing: 4 failovers, 935 writes not issued.
-	//
-	//
-	// With the node's acquires waiting two heartbeat_timeouts and its
-	// register writes issued before member heartbeats the seed's timing
-	// changes, and one pair (pg-main-191) shows N11 instead: its holder's
-	// fenced value did not land for 12.7s behind the node's bound, then a
-	// lone unfencing announcement stood until the follower's bound had
-	// passed (docs/simulation.md, N11, open). N10's fix is kept in the
-	// setting of its time, where the seed isolates it.
-	{name: "n10-announcement-answered-late", scenario: "random", seed: 30, duration: 3 * time.Minute, pairs: 200,
-		storeWriteTime: time.Millisecond, hostWriteBound: HostWriteBoundRuntime, before: true},
+	// issued, while the followers took an unfenced value that stood with
+	// the node's beats for a recovery: unavailable-while-standby-healthy.
+	// The holder now takes the watch's delivery or a late answer of its
+	// announcement as its landing. Found on random's seed 30 (3m, the
+	// node's timing of then); that seed's timing has moved twice since
+	// (it shows N11 now, open) and the seed kept is the one below, chosen
+	// once N4 was fixed: 21 pairs unavailable without N10's fix, none with
+	// it (seeds 4, 5, 16, 20 and 27 also fail without it).
+	{name: "n10-announcement-answered-late", scenario: "random", seed: 6, duration: 90 * time.Second, pairs: 200,
+		faults: "loss(site-a,20%)@16s+1m", storeWriteTime: time.Millisecond, hostWriteBound: HostWriteBoundRuntime},
 }
 
 func TestNodeModeRegressionSeeds(t *testing.T) {
 	for _, r := range nodeRegressions {
 		t.Run(r.name, func(t *testing.T) {
 			cfg := Config{Scenario: r.scenario, Seed: r.seed, Duration: r.duration, Leadership: LeadershipNode, Pairs: r.pairs,
-				StoreWriteTime: r.storeWriteTime, HostWriteBound: r.hostWriteBound, AcquireOneHeartbeat: r.before, HostBeatsInOrder: r.before, BeatsAtOnce: r.before, NoLivenessProbe: r.before}
+				StoreWriteTime: r.storeWriteTime, HostWriteBound: r.hostWriteBound}
 			if r.faults != "" {
 				fs, err := ParseFaults(r.faults, "site-a", "site-b")
 				if err != nil {

@@ -19,13 +19,7 @@ const nodeModeCap = 4 * time.Minute
 // violation named (its invariant, and a part of its detail) is allowed;
 // any other fails the run, and so does a run on this list that no longer
 // finds it: take it off then.
-var knownNodeModeFindings = map[string]knownFinding{
-	"clock-jump/1": {
-		finding:   "N4: an unfencing that succeeded does not end the follower's fenced clock",
-		invariant: InvScenario,
-		detail:    `"failover" must never happen in it`,
-	},
-}
+var knownNodeModeFindings = map[string]knownFinding{}
 
 // knownFinding is one violation a known finding shows as.
 type knownFinding struct {

@@ -120,12 +120,6 @@ type Config struct {
 	// arrival order (throughput.go, issue; not a flag: no runtime does
 	// it any more; kept for the seeds found with it).
 	HostBeatsInOrder bool
-	// BeatsAtOnce has every member of a node take in each liveness
-	// record and result the moment its node sees it, as the runtime did
-	// before it logged routine beats for its members' next step
-	// (liveness.go, logLive; not a flag: no runtime does it any more;
-	// kept for the seeds found with it).
-	BeatsAtOnce bool
 	// NoLivenessProbe: a node's liveness writer ignores its members'
 	// probes (failover.Ready.ProbeLiveness), as before they were made: a
 	// takeover waits for the survivor's next regular liveness write to

@@ -258,14 +258,15 @@ type Member struct {
 	fencedSince   time.Time     // server time of the first write of the current fenced run of the holder
 	fencedSeenAt  time.Duration
 	unfencedRun   int // consecutive unfenced writes of the holder in its term since fencedSince
-	// unfencedAt (node mode): server time of the holder's unfenced value
-	// that follows a fenced one (zero: none, or it is fenced).
-	unfencedAt time.Time
 	// unfenceAcked (node mode): since this holder was last fenced, an
 	// unfenced register value of its own was acknowledged (its
 	// announcement), and it has issued no fenced value since: only then
 	// may its node's beats unfence it.
 	unfenceAcked bool
+	// unfencing (node mode): the holder unfenced and has not started
+	// serving since; resumed: it then started serving, and has not been
+	// fenced since: its register says so (Leader.Resumed).
+	unfencing, resumed bool
 	// fencedBeat (node mode): the beat of this holder's latest register
 	// value issued fenced, or of the latest issued before its fence: an
 	// unfenced value of its own above it is an announcement made since.
@@ -630,6 +631,7 @@ func (m *Member) Apply(ev events.Event) {
 		m.phase, m.procSeq, m.procKind = PhaseFencing, e.Seq, ProcFence
 		m.then, m.fenceReason = e.Then, e.Reason
 	case *Fenced:
+		m.resumed = false
 		switch m.then {
 		case AfterSuspend:
 			m.phase = PhaseSuspended
@@ -641,6 +643,7 @@ func (m *Member) Apply(ev events.Event) {
 	case *AcquireAttempted:
 		m.phase = PhaseAcquiring
 	case *Promoted:
+		m.unfencing, m.resumed = false, false
 		m.phase, m.term, m.procSeq, m.procKind = PhasePromoting, e.Term, e.Seq, ProcPromote
 		m.plannedLead = e.Planned
 		m.bootstrapping = e.Reason == AcquireBootstrap && m.site == m.rules.Primary
@@ -650,8 +653,10 @@ func (m *Member) Apply(ev events.Event) {
 		m.phase, m.term = PhaseSuspended, e.Term
 	case *Unfenced:
 		m.phase, m.procSeq, m.procKind = PhasePromoting, e.Seq, ProcPromote
+		m.unfencing = true
 	case *ServingStarted:
 		m.phase, m.bootstrapping = PhaseLeader, false
+		m.resumed, m.unfencing = m.unfencing, false
 	case *LeadershipLost:
 		m.lostTerm = e.Term
 		if m.phase == PhaseSuspended || m.phase == PhaseReleasing {
@@ -807,6 +812,7 @@ func (m *Member) registerValue() Leader {
 	}
 	if m.opts.Node != "" {
 		l.Node, l.Epoch = m.opts.Node, m.leaseEpoch
+		l.Resumed = m.resumed && !fenced
 		if l.Epoch == 0 {
 			l.Epoch = m.nodeEpoch
 		}
@@ -842,7 +848,7 @@ func (m *Member) registerDue() bool {
 func sameRegister(a, b Leader) bool {
 	return a.Site == b.Site && a.Term == b.Term && a.Handoff == b.Handoff && a.Fenced == b.Fenced && a.Planned == b.Planned &&
 		a.Flush == b.Flush && a.Timeline == b.Timeline && a.Sync == b.Sync && a.Paused == b.Paused && a.PauseRev == b.PauseRev &&
-		a.Node == b.Node && a.Epoch == b.Epoch
+		a.Node == b.Node && a.Epoch == b.Epoch && a.Resumed == b.Resumed
 }
 
 // noteWritten records a register value of this holder that landed at rev.
@@ -1589,12 +1595,12 @@ func (m *Member) takeLeader(e LeaderEntry) {
 	switch {
 	case !sameHolder:
 		// A new holder (or term) starts a new run.
-		m.fencedSince, m.fencedSeenAt, m.unfencedRun, m.unfencedAt = time.Time{}, 0, 0, time.Time{}
+		m.fencedSince, m.fencedSeenAt, m.unfencedRun = time.Time{}, 0, 0
 		if e.Value.Fenced {
 			m.fencedSince, m.fencedSeenAt = e.Time, m.now
 		}
 	case e.Value.Fenced:
-		m.unfencedRun, m.unfencedAt = 0, time.Time{}
+		m.unfencedRun = 0
 		if m.fencedSince.IsZero() {
 			m.fencedSince, m.fencedSeenAt = e.Time, m.now
 		}
@@ -1607,10 +1613,19 @@ func (m *Member) takeLeader(e LeaderEntry) {
 		// the clock at every one, and a holder on a bad link would keep the
 		// pair without a primary for as long as the link stays bad.
 		if m.opts.Node != "" {
-			// Node mode: the register is not written again while it says
-			// the same (see onLiveness).
-			if m.unfencedAt.IsZero() && !m.fencedSince.IsZero() {
-				m.unfencedAt = e.Time
+			// Node mode: a serving holder does not write its register, so
+			// its announcement is followed by nothing, whether it then
+			// served or not. Once it serves again it says so (Resumed),
+			// once; only that ends the run. Before, an unfenced value that
+			// stood for failover_timeout with its node's beats ended it:
+			// a holder that had served 4 s between two false fences of a
+			// jumping clock was taken over at once at the second (finding
+			// N4), and one whose promotion hung after it unfenced, or that
+			// had not learnt its announcement landed, restarted the clock
+			// without having served (random seeds 79 and 91, 10m, node
+			// mode, five pairs, once N4's first fix was tried).
+			if e.Value.Resumed {
+				m.fencedSince, m.fencedSeenAt = time.Time{}, 0
 			}
 			break
 		}
@@ -2414,14 +2429,6 @@ func (m *Member) onLiveness(in LivenessObserved) {
 	}
 	if l := m.leader.Value; m.leaderKnown && l.Site != "" && l.Node == in.Node && (l.Epoch == v.Epoch || honourBumpedLease) && e.Rev > m.beatRev {
 		m.beatRev, m.beatTime, m.leaderSeenAt = e.Rev, e.Time, max(m.leaderSeenAt, m.seen)
-		if !l.Fenced && !m.fencedSince.IsZero() && !m.unfencedAt.IsZero() && e.Time.Sub(m.unfencedAt) >= m.rules.FailoverTimeout {
-			// The holder's unfenced value has stood for failover_timeout
-			// while its node beat: it recovered. A lone announcement of an
-			// unfencing whose answer was lost is replaced by a fenced value
-			// within a few heartbeats, and does not restart the clock (see
-			// takeLeader).
-			m.fencedSince, m.fencedSeenAt, m.unfencedAt = time.Time{}, 0, time.Time{}
-		}
 	}
 	if m.peerHBKnown && m.peerHB.Node == in.Node {
 		m.onMemberBeat(HeartbeatObserved{Rev: e.Rev, Time: e.Time, Site: m.rules.Other(m.site), Value: m.peerHB})

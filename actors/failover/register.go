@@ -84,6 +84,12 @@ type Leader struct {
 	// leadership, where every beat is a write of the register.
 	Node  string `msgpack:"nd,omitempty"`
 	Epoch uint64 `msgpack:"e,omitempty"`
+	// Resumed (leadership: node): the holder serves again after it
+	// unfenced in this term, written once when it starts serving again.
+	// Its register is not written while it serves, so this is the only
+	// sign a follower gets that a suspended holder recovered, not merely
+	// announced that it would (docs/failover.md, "A fenced holder").
+	Resumed bool `msgpack:"rs,omitempty"`
 }
 
 // HolderWrite reports whether l is a holder's own value: it names a
@@ -109,6 +115,9 @@ func (l Leader) String() string {
 	}
 	if l.Fenced {
 		return fmt.Sprintf("%s(term %d, beat %d, fenced)", l.Site, l.Term, l.Beat)
+	}
+	if l.Resumed {
+		return fmt.Sprintf("%s(term %d, beat %d, resumed)", l.Site, l.Term, l.Beat)
 	}
 	return fmt.Sprintf("%s(term %d, beat %d)", l.Site, l.Term, l.Beat)
 }

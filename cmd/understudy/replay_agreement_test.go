@@ -190,9 +190,7 @@ func TestReplayAgreesWithSimulator(t *testing.T) {
 // knownNodeFindings are the node-leadership runs whose simulation breaks
 // an invariant other than the split brain (docs/simulation.md, findings):
 // their replay is compared all the same.
-var knownNodeFindings = map[string]string{
-	"clock-jump-node/8": "N4: a failover under clock jumps",
-}
+var knownNodeFindings = map[string]string{}
 
 // agreeTolerance is the resolution of the comparison: float64 seconds
 // since the epoch, in JSON.
