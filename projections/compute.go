@@ -37,6 +37,9 @@ type computation struct {
 	// unfenced, fenced: the times of the unfenced and of the fenced
 	// register writes per site and term.
 	unfenced, fenced map[siteTerm][]int64
+	// releases: the times of the register writes naming no holder, per
+	// term, in revision order (releaseWrite).
+	releases map[uint64][]int64
 	// termWrites: the register writes naming each site and term as holder,
 	// in revision order (writesOf).
 	termWrites map[siteTerm][]regWrite
@@ -889,11 +892,22 @@ type siteTerm struct {
 // its clock makes that wait look longer.)
 // releaseWrite is the server time of the first release of term (a
 // register write naming no holder, in that term) after from, or zero.
+// It is asked once per serving interval: the releases are indexed once
+// (a scan of every register write per interval made an events-heavy
+// history of 1M records fold 4–5 times slower).
 func (c *computation) releaseWrite(term uint64, from time.Time) time.Time {
+	if c.releases == nil {
+		c.releases = map[uint64][]int64{}
+		for _, w := range c.reg {
+			if w.v.site < 0 {
+				c.releases[w.v.term] = append(c.releases[w.v.term], w.t)
+			}
+		}
+	}
 	f := from.UnixNano()
-	for _, w := range c.reg {
-		if w.v.site < 0 && w.v.term == term && w.t > f {
-			return time.Unix(0, w.t).UTC()
+	for _, t := range c.releases[term] { // a term's few releases, in revision order
+		if t > f {
+			return time.Unix(0, t).UTC()
 		}
 	}
 	return time.Time{}
