@@ -594,7 +594,8 @@ func (s *siteRun) apply(e eventRec) {
 				s.stopping, s.open = x, nil
 			}
 			term := s.c.termAt(s.name, t, s.term)
-			s.startServing(t, term, "promote_step", ref(e))
+			from, basis := s.c.servedFrom(s.name, term, t, "promote_step")
+			s.startServing(from, term, basis, ref(e))
 			s.set("serving", t, term, "")
 		}
 	case *failover.Started:
@@ -642,7 +643,8 @@ func (s *siteRun) apply(e eventRec) {
 	case *failover.Unfenced:
 		s.set("promoting", t, ev.Term, "unfenced")
 	case *failover.ServingStarted:
-		s.startServing(t, ev.Term, "serving_started", ref(e))
+		from, basis := s.c.servedFrom(s.name, ev.Term, t, "serving_started")
+		s.startServing(from, ev.Term, basis, ref(e))
 		s.set("serving", t, ev.Term, "")
 	case *failover.PromoteFailed:
 		s.set("stopping", t, s.term, "promote failed")
@@ -1010,6 +1012,29 @@ func (c *computation) lastLease(site string, term uint64, from, limit time.Time)
 
 // writesOf returns the register writes that name site as the holder in
 // term, in revision order.
+// servedFrom dates the start of a site's serving of term that its events
+// date t (basis: which event): no earlier than the landing of the register
+// write that made the site the holder of term (basis "acquire"), when the
+// record holds it and the write before it. A member serves a term only
+// once it has learnt that its acquire landed; its events are dated by the
+// wait its node measured in its append queue, and a jump of the node's
+// clock in that wait dates them early (3 s in the simulator's per-pair
+// random seed 183, 20m: a serving_started before the release it followed,
+// a split brain that never happened).
+func (c *computation) servedFrom(site string, term uint64, t time.Time, basis string) (time.Time, string) {
+	ws := c.writesOf(site, term)
+	if len(ws) == 0 {
+		return t, basis
+	}
+	if i := c.regIndex(ws[0].rev); i <= 0 {
+		return t, basis // the acquire, or the write before it, is outside the record
+	}
+	if a := time.Unix(0, ws[0].t).UTC(); a.After(t) {
+		return a, "acquire"
+	}
+	return t, basis
+}
+
 func (c *computation) writesOf(site string, term uint64) []regWrite {
 	if c.termWrites == nil {
 		c.termWrites = map[siteTerm][]regWrite{}

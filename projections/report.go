@@ -89,7 +89,9 @@ type Tenure struct {
 	Term uint64    `json:"term"`
 	From time.Time `json:"from"`
 	// FromBasis: "serving_started", or "register" when the window opened
-	// with the site already holding the register unfenced (inferred).
+	// with the site already holding the register unfenced (inferred),
+	// "promote_step" when the member's own record died with it, "acquire"
+	// when its events date it before its acquire of the term landed.
 	FromBasis string `json:"from_basis"`
 	// To is when it stopped serving; nil: still serving at the end of the
 	// record. EndBasis says how To is known:

@@ -272,6 +272,9 @@ func (v *invariants) closeGap(s *sim, by string, open bool) {
 	r.toSrv = s.srv(s.now)
 	if n := s.nodeBySite(by); n != nil {
 		r.toNode = int8(n.idx)
+		if n.m != nil {
+			r.toTerm = n.m.Term()
+		}
 	}
 	v.gap = false
 	v.standbyReport = false

@@ -99,6 +99,7 @@ type outageRec struct {
 	node     int8   // the node that stopped being available
 	toNode   int8   // the node that became available
 	term     uint64 // its term then
+	toTerm   uint64 // the term toNode serves in
 	event    bool   // the stop was a member event (else: its process went)
 	fromSrv  time.Duration
 	toSrv    time.Duration
@@ -117,6 +118,29 @@ type landing struct {
 	term uint64
 	at   time.Duration // server clock
 	rev  uint64
+}
+
+// acquireLanding is when n's acquire of term landed, its first register
+// write of the term (-1: none, or it was the register's first write, with
+// none before it in the record): the replay dates a serving no earlier
+// (projections, servedFrom).
+func (s *sim) acquireLanding(n *node, term uint64) time.Duration {
+	for _, l := range n.recWrites {
+		if l.term != term {
+			continue
+		}
+		key := failover.LeaderKey(s.rules.Pair)
+		for _, e := range s.server.journal {
+			if e.Key == key {
+				if e.Revision == l.rev {
+					return -1
+				}
+				break
+			}
+		}
+		return l.at
+	}
+	return -1
 }
 
 // writeBefore is when n's last unfenced register write of term that
@@ -333,7 +357,10 @@ func (s *sim) recordView() (total, longest time.Duration) {
 		o, r := &s.inv.outages[i], &s.inv.orec[i]
 		if !o.Open {
 			if to, ok := dated(s, r.to, s.nodes[r.toNode], r.toKey); ok {
-				ends[i] = to
+				// Not before the serving's acquire landed, as the replay
+				// dates it (a forward jump of the node's clock while the
+				// event waited makes its wait look longer).
+				ends[i] = max(to, s.acquireLanding(s.nodes[r.toNode], r.toTerm))
 			}
 		}
 		if i+1 < len(ends) && ends[i+1] >= 0 && (ends[i] < 0 || ends[i+1] < ends[i]) && !o.Open {

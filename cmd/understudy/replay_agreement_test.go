@@ -116,6 +116,8 @@ func TestReplayAgreesWithSimulator(t *testing.T) {
 		seeds      uint64
 		duration   string
 		leadership string // "": per-pair
+		// also: seeds beyond the first seeds kept for what they found
+		also []uint64
 	}
 	var runs []run
 	for _, sc := range simulations.Scenarios() {
@@ -129,7 +131,10 @@ func TestReplayAgreesWithSimulator(t *testing.T) {
 		}
 		r := run{scenario: sc.Name, seeds: 25}
 		if sc.Name == "random" {
-			r.seeds, r.duration = 60, "20m"
+			// Seed 183: a jump of a node's clock while its events waited
+			// in its append queue dated a serving_started before the
+			// release it followed (docs/simulation.md, N12).
+			r.seeds, r.duration, r.also = 60, "20m", []uint64{183}
 		}
 		runs = append(runs, r)
 		if !sc.Database {
@@ -139,7 +144,14 @@ func TestReplayAgreesWithSimulator(t *testing.T) {
 		}
 	}
 	for _, r := range runs {
-		for seed := uint64(1); seed <= r.seeds; seed++ {
+		seeds := r.also
+		if r.leadership != "" {
+			seeds = nil
+		}
+		for seed := range r.seeds {
+			seeds = append(seeds, seed+1)
+		}
+		for _, seed := range seeds {
 			name := fmt.Sprintf("%s/%d", r.scenario, seed)
 			if r.leadership != "" {
 				name = fmt.Sprintf("%s-%s/%d", r.scenario, r.leadership, seed)
