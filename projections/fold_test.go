@@ -411,6 +411,8 @@ func TestFastDecodersAgree(t *testing.T) {
 			Fenced:  rapid.Bool().Draw(t, "fenced"), Planned: rapid.Bool().Draw(t, "planned"),
 			By:   rapid.SampledFrom([]string{"", "site-a", "b"}).Draw(t, "by"),
 			Prev: rapid.Uint64().Draw(t, "prev"),
+			Node: rapid.SampledFrom([]string{"", "node-a", "n"}).Draw(t, "node"), Epoch: rapid.Uint64().Draw(t, "epoch"),
+			Resumed: rapid.Bool().Draw(t, "resumed"),
 		}
 		if rapid.Bool().Draw(t, "signed") {
 			l.Sig = rapid.SliceOfN(rapid.Byte(), 1, 80).Draw(t, "sig")
@@ -425,7 +427,8 @@ func TestFastDecodersAgree(t *testing.T) {
 			t.Fatal(err)
 		}
 		if f.siteOf(fast.site) != slow.Site || f.siteOf(fast.handoff) != slow.Handoff || fast.term != slow.Term || fast.beat != slow.Beat ||
-			fast.fenced != slow.Fenced || fast.planned != slow.Planned || fast.forAnother != slow.ForAnother() {
+			fast.fenced != slow.Fenced || fast.planned != slow.Planned || fast.forAnother != slow.ForAnother() ||
+			fast.epoch != slow.Epoch || (fast.node >= 0) != (slow.Node != "") {
 			t.Fatalf("fast %+v, slow %+v", fast, slow)
 		}
 		hb := failover.Heartbeat{Site: rapid.SampledFrom([]string{"site-a", "b"}).Draw(t, "hsite"), Beat: rapid.Uint64().Draw(t, "hbeat"),

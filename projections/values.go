@@ -57,6 +57,11 @@ func (f *Fold) decodeLeaderFast(b []byte) (v leaderValue, ok bool) {
 				return v, false
 			}
 			continue
+		case "rs": // a holder serving again after an unfencing: an unfenced write like another here
+			if _, i, err = mp.Bool(b, i); err != nil {
+				return v, false
+			}
+			continue
 		case "nd":
 			var s []byte
 			if s, i, err = mp.Bytes(b, i); err != nil {
