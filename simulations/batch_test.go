@@ -148,9 +148,11 @@ func TestHostBatchConfig(t *testing.T) {
 // knows stale or uncertain (batch.go, rules 1–3; fd9708f, abba055) in
 // TestBatchedTakeover's setting, the raises made once, with the
 // survivor's requests held for 2.2s as its takeover starts
-// (stall(site-b,up)@44.1s+2.2s; 1s at 44.2s while an acquire waited one
+// (stall(site-b,up)@44.13s+2.2s; 1s at 44.2s while an acquire waited one
 // heartbeat_timeout, which the node's acquires, waiting two, now ride
-// out): its first batches of acquires are committed after their
+// out; 44.1s until the members stopped writing their heartbeat key while
+// they acquire, when no batch at 44.1s was answered late any more, and
+// 44.12–44.15s do it again): its first batches of acquires are committed after their
 // deadline, unanswered in time. Their members retry on the revision
 // before their own landed acquire. Without the rules those retries fail
 // whole batches, which are halved down to them (76 splits, 1,908 failed
@@ -158,7 +160,7 @@ func TestHostBatchConfig(t *testing.T) {
 // the node's watch, 831 sent alone as uncertain; 1,000 failed acquires),
 // and every pair is taken over.
 func TestBatchedTakeoverLateCommits(t *testing.T) {
-	faults, err := ParseFaults("crash(site-b)@1ms+20s;powercut(site-a)@40s;stall(site-b,up)@44.1s+2.2s", "site-a", "site-b")
+	faults, err := ParseFaults("crash(site-b)@1ms+20s;powercut(site-a)@40s;stall(site-b,up)@44.13s+2.2s", "site-a", "site-b")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -118,7 +118,9 @@ type Config struct {
 	// HostBeatsInOrder gives the node's gate its order before register
 	// writes went first: member heartbeats and register writes issued in
 	// arrival order (throughput.go, issue; not a flag: no runtime does
-	// it any more; kept for the seeds found with it).
+	// it any more; kept for the seeds found with it). The members of
+	// such a node also write their heartbeat key while they acquire
+	// (failover.Options.BeatWhileAcquiring), as they did then.
 	HostBeatsInOrder bool
 	// NoLivenessProbe: a node's liveness writer ignores its members'
 	// probes (failover.Ready.ProbeLiveness), as before they were made: a
@@ -463,6 +465,7 @@ func newWorld(cfg Config) (*world, error) {
 	if cfg.AcquireOneHeartbeat {
 		opts.AcquireWindow = rules.HeartbeatTimeout
 	}
+	opts.BeatWhileAcquiring = cfg.HostBeatsInOrder // the runtime of then wrote that heartbeat too
 	if sc.Database {
 		// The member drives a replicating database: it rejoins, checks and
 		// publishes positions, and can make commits wait (database.go).

@@ -138,6 +138,11 @@ type Options struct {
 	// heartbeat_timeout in node mode to reproduce the takeovers of the
 	// runtime before the longer window; hosts leave it zero.
 	AcquireWindow time.Duration
+	// BeatWhileAcquiring has a node-mode member write its heartbeat key
+	// while it acquires, as before it stopped doing so (memberBeatDue);
+	// the simulator sets it with the runtime's other settings of then.
+	// Hosts leave it false.
+	BeatWhileAcquiring bool
 }
 
 type pendingWrite struct {
@@ -883,6 +888,14 @@ func (m *Member) heartbeatValue() Heartbeat {
 func (m *Member) memberBeatDue() bool {
 	if m.opts.Node == "" {
 		return true
+	}
+	if m.phase == PhaseAcquiring && !m.opts.BeatWhileAcquiring {
+		// Its register's answer is due within two heartbeats, and then
+		// it holds (and writes no heartbeat key) or follows again as it
+		// did. A node taking over 10,000 pairs wrote one "acquiring"
+		// heartbeat per pair among its registers: 4,059 of them while
+		// registers were still to be written (run 52).
+		return false
 	}
 	d, w := m.heartbeatValue(), m.hbWritten
 	w.Beat = 0
